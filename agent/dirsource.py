@@ -1,0 +1,99 @@
+"""Directory source: every *.yaml, *.yml and *.json file in a directory holds objects as
+the Kubernetes API returns them (one object, several YAML documents, or a `kind: List`).
+
+Polled by stat signature, so an edit is seen within one poll interval without inotify.
+A file that fails to parse keeps its last good content (an editor's half-written save
+must not withdraw live rules); a removed file withdraws its objects."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+import yaml
+
+log = structlog.get_logger()
+SUFFIXES = (".yaml", ".yml", ".json")
+
+
+@dataclass(frozen=True)
+class _Stamp:
+    mtime_ns: int
+    size: int
+    inode: int
+
+
+class DirectorySource:
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+        self._stamps: dict[str, _Stamp] = {}
+        self._objects: dict[str, list[Any]] = {}
+        self._failed: dict[str, str] = {}
+
+    def poll(self) -> bool:
+        """Re-read what changed since the last poll; True if anything did."""
+        current = self._scan()
+        changed = False
+        for name in set(self._stamps) - set(current):
+            self._objects.pop(name, None)
+            self._failed.pop(name, None)
+            changed = True
+        for name, stamp in current.items():
+            if self._stamps.get(name) != stamp:
+                changed |= self._load(name)
+        self._stamps = current
+        return changed
+
+    def objects(self) -> list[Any]:
+        return [obj for name in sorted(self._objects) for obj in self._objects[name]]
+
+    def _scan(self) -> dict[str, _Stamp]:
+        stamps: dict[str, _Stamp] = {}
+        try:
+            entries = list(os.scandir(self.directory))
+        except OSError as err:
+            log.error("cannot read rules directory", directory=str(self.directory), error=str(err))
+            return dict(self._stamps)  # keep serving what we had
+        for entry in entries:
+            if entry.name.startswith(".") or not entry.name.endswith(SUFFIXES):
+                continue
+            try:
+                st = entry.stat()
+            except OSError:
+                continue  # removed between scandir and stat
+            if entry.is_file():
+                stamps[entry.name] = _Stamp(st.st_mtime_ns, st.st_size, st.st_ino)
+        return stamps
+
+    def _load(self, name: str) -> bool:
+        path = self.directory / name
+        try:
+            text = path.read_text(encoding="utf-8")
+            docs = [json.loads(text)] if name.endswith(".json") else list(yaml.safe_load_all(text))
+        except (OSError, ValueError, yaml.YAMLError) as err:
+            reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+            if self._failed.get(name) != reason:
+                log.error("cannot parse rules file; keeping its last good content", file=str(path), error=reason)
+            self._failed[name] = reason
+            return False
+        self._failed.pop(name, None)
+        objects = [item for doc in docs for item in _items(doc)]
+        if self._objects.get(name) == objects:
+            return False
+        self._objects[name] = objects
+        return True
+
+
+def _items(doc: Any) -> list[Any]:
+    if not isinstance(doc, dict):
+        return []
+    kind = doc.get("kind")
+    if not (isinstance(kind, str) and kind.endswith("List") and "items" in doc):
+        return [doc]
+    items = doc.get("items")
+    # An API list (IptablesDnatRuleList) may leave kind off its items; `kind: List` keeps it.
+    item_kind = kind.removesuffix("List") or None
+    return [{"kind": item_kind, **i} if item_kind else i for i in items if isinstance(i, dict)] if isinstance(items, list) else []

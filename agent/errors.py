@@ -1,0 +1,27 @@
+"""Typed errors: one for bad input, one for the kernel refusing a transaction."""
+from __future__ import annotations
+
+
+class RuleError(Exception):
+    """An input object that cannot be used, with the object, field and reason named."""
+
+    def __init__(self, kind: str, name: str, field: str, reason: str) -> None:
+        self.kind = kind
+        self.name = name
+        self.field = field
+        self.reason = reason
+        super().__init__(f"{kind} {name!r}: {field}: {reason}")
+
+    def key(self) -> tuple[str, str, str, str]:
+        return (self.kind, self.name, self.field, self.reason)
+
+
+class ApplyError(Exception):
+    """libnftables rejected a transaction; nothing of it was applied (batches are atomic)."""
+
+    def __init__(self, rc: int, message: str, digest: str, commands: int) -> None:
+        self.rc = rc
+        self.message = message.strip()
+        self.digest = digest
+        self.commands = commands
+        super().__init__(f"nftables rc={rc} digest={digest} commands={commands}: {self.message}")

@@ -1,0 +1,84 @@
+"""libnftables at the edge: one JSON transaction per call, and reading the agent's own
+table back. Nothing here ever names another table."""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Protocol, Sequence
+
+from agent.errors import ApplyError
+from agent.ruleset import Key, Ruleset, from_listing, key_json
+
+
+class Libnftables(Protocol):
+    """What the agent needs from libnftables; tests may stand in a failing one."""
+
+    def json_cmd(self, doc: dict[str, Any]) -> tuple[int, Any, str]: ...
+
+
+def digest(commands: Sequence[dict[str, Any]]) -> str:
+    return hashlib.sha256(json.dumps(commands, sort_keys=True).encode()).hexdigest()[:12]
+
+
+class Nft:
+    """The agent's table through one libnftables context (bound to the network namespace
+    it is first used in: create it inside the gateway's namespace)."""
+
+    def __init__(self, family: str, table: str, backend: Libnftables | None = None) -> None:
+        if backend is None:
+            import nftables  # distro binding; imported here so pure modules never need it
+
+            backend = nftables.Nftables()
+            backend.set_json_output(True)
+            backend.set_handle_output(False)
+        self.family = family
+        self.table = table
+        self._nft = backend
+        self.transactions = 0  # batches sent that changed something (for tests and metrics)
+
+    def apply(self, commands: Sequence[dict[str, Any]]) -> None:
+        """Send commands as one atomic batch; raise ApplyError (nothing applied) on failure."""
+        if not commands:
+            return
+        rc, _, err = self._nft.json_cmd({"nftables": list(commands)})
+        if rc != 0:
+            raise ApplyError(rc, str(err), digest(commands), len(commands))
+        self.transactions += 1
+
+    def read(self) -> Ruleset | None:
+        """The table as the kernel holds it, or None if it does not exist."""
+        rc, out, err = self._nft.json_cmd({"nftables": [{"list": {"table": {"family": self.family, "name": self.table}}}]})
+        if rc != 0:
+            if "No such file or directory" in str(err):
+                return None
+            raise ApplyError(rc, str(err), "list-table", 1)
+        return from_listing(out if isinstance(out, dict) else json.loads(out))
+
+    def set_elements(self, name: str) -> list[Key]:
+        """Keys of a (dynamic) set's elements."""
+        rc, out, err = self._nft.json_cmd({"nftables": [{"list": {"set": {"family": self.family, "table": self.table, "name": name}}}]})
+        if rc != 0:
+            return []
+        doc = out if isinstance(out, dict) else json.loads(out)
+        keys: list[Key] = []
+        for item in doc.get("nftables", []):
+            for raw in item.get("set", {}).get("elem", []):
+                if isinstance(raw, dict) and "elem" in raw:
+                    raw = raw["elem"]["val"]
+                keys.append(tuple(raw["concat"]) if isinstance(raw, dict) and "concat" in raw else (raw,))
+        return keys
+
+    def delete_elements(self, name: str, keys: Sequence[Key]) -> int:
+        """Best-effort delete of set elements that may expire meanwhile; returns how many went."""
+        if not keys:
+            return 0
+        ref = {"family": self.family, "table": self.table, "name": name}
+        rc, _, _ = self._nft.json_cmd({"nftables": [{"delete": {"element": {**ref, "elem": [key_json(k) for k in keys]}}}]})
+        if rc == 0:
+            return len(keys)
+        # One of them expired in between (ENOENT fails the whole batch): go one by one.
+        done = 0
+        for k in keys:
+            rc, _, _ = self._nft.json_cmd({"nftables": [{"delete": {"element": {**ref, "elem": [key_json(k)]}}}]})
+            done += rc == 0
+        return done

@@ -1,0 +1,82 @@
+"""Plan: the difference between what the kernel holds and the desired ruleset, as one
+list of libnftables JSON commands (one atomic transaction). Pure: no I/O.
+
+Order inside the transaction: declare what is new; rewrite changed chains; swap map
+elements; then remove chains and sets nothing points to any more."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from agent.ruleset import EMPTY, Ruleset, elem_json, key_json
+
+Command = dict[str, Any]
+
+
+def plan(current: Ruleset | None, desired: Ruleset, family: str, table: str) -> list[Command]:
+    """Commands that turn `current` (None: the table does not exist) into `desired`.
+
+    An unchanged ruleset yields no command at all. A changed declaration (a set's type or
+    size, the base chain's priority) cannot be altered in place: the table is rebuilt in
+    the same transaction instead, which only happens on an upgrade or a settings change.
+    """
+    ref = {"family": family, "table": table}
+    cmds: list[Command] = []
+    if current is not None and _declarations_changed(current, desired):
+        cmds.append({"delete": {"table": {"family": family, "name": table}}})
+        current = None
+    if current is None:
+        cmds.append({"add": {"table": {"family": family, "name": table}}})
+        current = EMPTY
+
+    for name, decl in desired.sets.items():
+        if name not in current.sets:
+            cmds.append({"add": {_set_kind(decl): {**ref, "name": name, **decl}}})
+    for name, decl in desired.chains.items():
+        if name not in current.chains:
+            cmds.append({"add": {"chain": {**ref, "name": name, **decl}}})
+    for name, rules in desired.rules.items():
+        old = current.rules.get(name)
+        if old == rules:
+            continue
+        if old:
+            cmds.append({"flush": {"chain": {**ref, "name": name}}})
+        cmds.extend({"add": {"rule": {**ref, "chain": name, **rule}}} for rule in rules)
+
+    for name, elements in current.elements.items():
+        wanted = desired.elements.get(name)
+        if wanted is None:
+            continue  # the map itself goes below
+        gone = [key_json(k) for k, e in elements.items() if wanted.get(k) != e]
+        if gone:
+            cmds.append({"delete": {"element": {**ref, "name": name, "elem": gone}}})
+    for name, elements in desired.elements.items():
+        old = current.elements.get(name, {})
+        new = [[elem_json(k, e), e.value] for k, e in elements.items() if old.get(k) != e]
+        if new:
+            cmds.append({"add": {"element": {**ref, "name": name, "elem": new}}})
+
+    stale_chains = [n for n in current.chains if n not in desired.chains]
+    # Flush first so no stale chain still jumps to another one being deleted.
+    cmds.extend({"flush": {"chain": {**ref, "name": n}}} for n in stale_chains if current.rules.get(n))
+    cmds.extend({"delete": {"chain": {**ref, "name": n}}} for n in stale_chains)
+    cmds.extend(
+        {"delete": {_set_kind(decl): {**ref, "name": n}}} for n, decl in current.sets.items() if n not in desired.sets
+    )
+    return cmds
+
+
+def _set_kind(decl: dict[str, Any]) -> str:
+    return "map" if "map" in decl else "set"
+
+
+def _declarations_changed(current: Ruleset, desired: Ruleset) -> bool:
+    return any(current.sets[n] != d for n, d in desired.sets.items() if n in current.sets) or any(
+        current.chains[n] != d for n, d in desired.chains.items() if n in current.chains
+    )
+
+
+def document(commands: list[Command]) -> str:
+    """A libnftables JSON document, one command per line: readable and diff-friendly."""
+    body = ",\n ".join(json.dumps(c, sort_keys=True) for c in commands)
+    return '{"nftables": [\n ' + body + "\n]}\n"

@@ -1,0 +1,93 @@
+"""The agent's table as a value: declarations, rules and map elements, in the exact JSON
+form `nft -j list table` gives back, so what was rendered and what the kernel holds
+compare with ==. Pure: no I/O."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+Key = tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Elem:
+    value: Any  # "10.0.1.11", 8080 or {"goto": {"target": chain}}
+    comment: str | None = None
+
+
+@dataclass(frozen=True)
+class Ruleset:
+    """One table's content that the agent manages. Dynamic set contents are not part of
+    it: the kernel fills those (affinity), the agent only ever deletes from them."""
+
+    sets: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> declaration (maps too)
+    chains: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> declaration
+    rules: dict[str, tuple[dict[str, Any], ...]] = field(default_factory=dict)  # chain -> rules
+    elements: dict[str, dict[Key, Elem]] = field(default_factory=dict)  # map -> key -> element
+
+    def is_map(self, name: str) -> bool:
+        return "map" in self.sets[name]
+
+
+EMPTY = Ruleset()
+
+_SET_FIELDS = ("type", "map", "flags", "size", "stmt")
+_CHAIN_FIELDS = ("type", "hook", "prio", "policy")
+
+
+def key_json(key: Key) -> Any:
+    return {"concat": list(key)} if len(key) > 1 else key[0]
+
+
+def elem_json(key: Key, elem: Elem) -> Any:
+    if elem.comment:
+        return {"elem": {"val": key_json(key), "comment": elem.comment}}
+    return key_json(key)
+
+
+def from_listing(listing: Mapping[str, Any]) -> Ruleset:
+    """Parse `list table` JSON output (one table) into a Ruleset."""
+    sets: dict[str, dict[str, Any]] = {}
+    chains: dict[str, dict[str, Any]] = {}
+    rules: dict[str, list[dict[str, Any]]] = {}
+    elements: dict[str, dict[Key, Elem]] = {}
+    for item in listing.get("nftables", []):
+        kind, body = next(iter(item.items()))
+        if kind in ("set", "map"):
+            sets[body["name"]] = {k: body[k] for k in _SET_FIELDS if k in body}
+            if kind == "map":
+                elements[body["name"]] = dict(_parse_elem(e) for e in body.get("elem", []))
+        elif kind == "chain":
+            chains[body["name"]] = {k: body[k] for k in _CHAIN_FIELDS if k in body}
+            rules.setdefault(body["name"], [])
+        elif kind == "rule":
+            rule = {"expr": body["expr"]}
+            if "comment" in body:
+                rule["comment"] = body["comment"]
+            rules.setdefault(body["chain"], []).append(rule)
+    return Ruleset(sets=sets, chains=chains, rules={c: tuple(r) for c, r in rules.items()}, elements=elements)
+
+
+def _parse_elem(item: Any) -> tuple[Key, Elem]:
+    raw_key, value = item
+    comment = None
+    if isinstance(raw_key, dict) and "elem" in raw_key:
+        comment = raw_key["elem"].get("comment")
+        raw_key = raw_key["elem"]["val"]
+    key = tuple(raw_key["concat"]) if isinstance(raw_key, dict) and "concat" in raw_key else (raw_key,)
+    return key, Elem(value, comment)
+
+
+def truncate_comment(names: Iterable[str], limit: int = 128) -> str:
+    """Join rule names for an nft comment (the kernel keeps at most 128 bytes)."""
+    names = list(names)
+    text = ",".join(names)
+    if len(text) <= limit:
+        return text
+    kept: list[str] = []
+    for i, name in enumerate(names):
+        suffix = f",+{len(names) - i} more"
+        if len(",".join(kept + [name])) + len(suffix) > limit:
+            return ",".join(kept) + suffix
+        kept.append(name)
+    return text

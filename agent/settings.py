@@ -1,0 +1,44 @@
+"""All knobs of the agent in one place."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Settings:
+    gateway: str = os.environ.get("GATEWAY_NAME", "")
+    """Name of the VPC NAT gateway this agent serves (IptablesEIP.spec.natGwDp); env GATEWAY_NAME."""
+
+    from_dir: Path | None = None
+    """Directory of IptablesDnatRule/IptablesEIP manifests; None means the Kubernetes API."""
+
+    table: str = "natgw"
+    """The one nftables table (family ip) the agent owns. It never touches any other."""
+
+    priority: int = -160
+    """Priority of the nat prerouting base chain: below the legacy kube-ovn table (-150),
+    so the agent binds NAT first for the identities it serves."""
+
+    poll_interval: float = 0.2
+    """Seconds between checks of the rules directory for changes (edit-to-kernel < 1 s)."""
+
+    resync_interval: float = 3600.0
+    """Seconds between full resyncs (kernel read back, plan against it), as kube-proxy does."""
+
+    retry_min: float = 0.5
+    """First retry delay after a failed apply, in seconds; doubles on each failure."""
+
+    retry_max: float = 30.0
+    """Cap of the retry delay, in seconds."""
+
+    max_backends: int = 256
+    """Most backends one identity may have; beyond it the identity is rejected as a whole."""
+
+    affinity_set_size: int = 262144
+    """Capacity of each shared ClientIP affinity set (one per backend slot); when full,
+    new clients are still balanced, only without stickiness."""
+
+    conntrack: bool = True
+    """Delete conntrack entries of removed identities (and UDP entries of removed backends)."""
