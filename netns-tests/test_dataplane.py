@@ -1,0 +1,158 @@
+"""The agent's whole data path: rules in a directory -> kernel -> real traffic."""
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+from conftest import (BACKENDS, CHI2_CRITICAL_DF2, EIP, OTHER_EIP, ROOT, chi_square, eip_doc, rule_doc, wait_for,
+                      write_rules, yaml_docs)
+
+WEB = [rule_doc(f"web-{n}", 80, ip) for n, ip in BACKENDS.items()]
+DNS = [rule_doc(f"dns-{n}", 53, ip, 5353, proto="UDP") for n, ip in BACKENDS.items()]
+APP = [rule_doc(f"app-{n}", 443, ip, 9090, affinity="ClientIP", timeout=600) for n, ip in BACKENDS.items()]
+CLIENTS = [f"172.18.0.{i}" for i in range(101, 121)]
+
+
+def program(agent, *docs, identities: int) -> None:
+    write_rules(agent.rules_dir, "rules.yaml", yaml_docs(eip_doc(), *docs))
+    agent.wait_services(identities)
+
+
+def test_tcp_spread_is_uniform_over_three_backends(lab, agent):
+    program(agent, *WEB, identities=1)
+    spread = lab.scapy_syn_spread(EIP, 80, 300)
+    counts = [spread["by_backend"].get(name, 0) for name in BACKENDS]
+    assert sum(counts) == 300, spread  # every SYN was DNATed to exactly one backend
+    assert chi_square(counts) < CHI2_CRITICAL_DF2, counts
+    real = lab.tcp_connect(EIP, 80, 60)
+    assert real["failed"] == 0, real
+    assert set(real["by_backend"]) == set(BACKENDS) and sum(real["by_backend"].values()) == 60
+
+
+def test_udp_identity_spreads_and_answers(lab, agent):
+    program(agent, *DNS, identities=1)
+    result = lab.udp_query(EIP, 53, 90)
+    assert result["failed"] == 0, result
+    assert all(result["by_backend"].get(n, 0) > 0 for n in BACKENDS), result
+
+
+def test_clientip_pins_each_client_to_one_backend(lab, agent):
+    program(agent, *APP, identities=1)
+    one = lab.tcp_connect(EIP, 443, 30, sources=["172.18.0.100"])
+    assert one["failed"] == 0 and len([n for n, c in one["by_backend"].items() if c]) == 1, one
+    many = lab.tcp_connect(EIP, 443, 60, sources=CLIENTS)
+    assert many["failed"] == 0, many
+    assert all(len(per) == 1 for per in many["by_source"].values()), many["by_source"]  # each client sticks
+    assert len([n for n, c in many["by_backend"].items() if c]) >= 2, many  # 20 clients are spread
+
+
+def test_removing_a_backend_stops_new_connections_to_it_within_a_second(lab, agent):
+    program(agent, *WEB, *APP, identities=2)
+    pinned = lab.tcp_connect(EIP, 443, 40, sources=CLIENTS)["by_source"]
+    write_rules(agent.rules_dir, "rules.yaml", yaml_docs(eip_doc(), *WEB[:2], *APP[:2]))
+    time.sleep(1.0)
+    after = lab.tcp_connect(EIP, 80, 60)
+    assert after["failed"] == 0 and after["by_backend"].get("b3", 0) == 0, after
+    sticky = lab.tcp_connect(EIP, 443, 40, sources=CLIENTS)
+    assert sticky["failed"] == 0 and sticky["by_backend"].get("b3", 0) == 0, sticky
+    # Clients pinned to a surviving backend keep it: removing b3 emptied only b3's affinity.
+    for client, before in pinned.items():
+        if "b3" not in before:
+            assert set(sticky["by_source"][client]) == set(before), client
+
+
+def test_deleted_identity_no_longer_answers_and_its_flows_are_gone(lab, agent):
+    program(agent, *WEB, *DNS, identities=2)
+    assert lab.udp_query(EIP, 53, 6)["failed"] == 0
+    assert conntrack_count(lab, "udp", 53) > 0
+    write_rules(agent.rules_dir, "rules.yaml", yaml_docs(eip_doc(), *WEB))
+    agent.wait_services(1)
+    wait_for(lambda: conntrack_count(lab, "udp", 53) == 0, 2, what="UDP flows of the deleted identity to go")
+    gone = lab.udp_query(EIP, 53, 5, timeout=0.5)
+    assert gone["failed"] == 5, gone
+    assert lab.tcp_connect(EIP, 80, 10)["failed"] == 0  # the other identity is untouched
+
+
+def test_invalid_rules_beside_valid_ones(lab, agent):
+    bad = [rule_doc("bad-port", 81, "10.0.1.11", 70000), rule_doc("bad-ip", 82, "10.0.1.300"),
+           rule_doc("bad-proto", 83, "10.0.1.11", proto="sctp"),
+           rule_doc("bad-inject", 84, "10.0.1.11; flush ruleset")]
+    write_rules(agent.rules_dir, "bad.yaml", yaml_docs(*bad))
+    write_rules(agent.rules_dir, "broken.yaml", "kind: [unclosed")
+    program(agent, *WEB, identities=1)
+    assert lab.tcp_connect(EIP, 80, 20)["failed"] == 0
+    errors = wait_for(lambda: {e["name"]: e["field"] for e in agent.logs() if e.get("event") == "invalid rule left out"}
+                      if len([e for e in agent.logs() if e.get("event") == "invalid rule left out"]) >= 4 else None,
+                      what="invalid rules to be reported")
+    assert errors == {"bad-port": "spec.internalPort", "bad-ip": "spec.internalIp",
+                      "bad-proto": "spec.protocol", "bad-inject": "spec.internalIp"}
+    # Reported once per change, not on every poll.
+    time.sleep(0.6)
+    assert len([e for e in agent.logs() if e.get("event") == "invalid rule left out"]) == 4
+    assert agent.proc.poll() is None
+
+
+def test_rules_of_another_gateway_are_ignored(lab, agent):
+    other = [rule_doc("other-80", 80, "10.0.1.11", eip="eip-other")]
+    write_rules(agent.rules_dir, "other.yaml", yaml_docs(eip_doc("eip-other", OTHER_EIP, "gw2"), *other))
+    program(agent, *WEB, identities=1)
+    assert list(agent.services()) == [(EIP, "tcp", 80)]
+    assert lab.tcp_connect(OTHER_EIP, 80, 3, timeout=0.5)["failed"] == 3
+
+
+def test_kernel_listing_of_examples_matches_golden(lab, agent):
+    for path in (ROOT / "examples").iterdir():
+        write_rules(agent.rules_dir, path.name, path.read_text())
+    agent.wait_services(3)
+    listing = agent.nft("-s", "list", "table", "ip", "natgw")  # -s: no counter values
+    golden = ROOT / "rulesets" / "examples.nft"
+    import os
+
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        golden.write_text(listing)
+    assert listing == golden.read_text()
+
+
+def test_show_reads_the_kernel(lab, agent):
+    program(agent, *WEB, *APP, identities=2)
+    out = lab.run_in(lab.gw_ns, [*agent_cmd(), "show"], capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    assert f"{EIP}:80/tcp  affinity none (random)" in out
+    assert f"{EIP}:443/tcp  affinity ClientIP timeout 600s" in out
+    assert "rules: app-b1,app-b2,app-b3" in out
+    assert "-> 10.0.1.12:9090  slot 1  rules: app-b2" in out
+
+
+def test_sigterm_leaves_rules_and_restart_sends_nothing(lab, agent):
+    program(agent, *WEB, *APP, identities=2)
+    assert lab.tcp_connect(EIP, 443, 5, sources=CLIENTS[:5])["failed"] == 0
+    before = agent.nft("-s", "list", "table", "ip", "natgw")
+    synced = len([e for e in agent.logs() if e.get("event") == "synced"])
+    assert agent.stop(signal.SIGTERM) == 0
+    assert agent.nft("-s", "list", "table", "ip", "natgw") == before  # the data plane outlives the process
+    assert lab.tcp_connect(EIP, 80, 10)["failed"] == 0
+    agent.start()
+    wait_for(lambda: len([e for e in agent.logs() if e.get("event") == "starting"]) == 2, what="restart")
+    time.sleep(1.0)
+    assert agent.nft("-s", "list", "table", "ip", "natgw") == before
+    # The restarted agent read the kernel back and found nothing to send.
+    assert len([e for e in agent.logs() if e.get("event") == "synced"]) == synced
+
+
+def conntrack_count(lab, proto: str, port: int) -> int:
+    out = lab.run_in(lab.gw_ns, ["conntrack", "-L", "-p", proto, "--orig-dst", EIP, "--dport", str(port)],
+                     capture_output=True, text=True)
+    return len([line for line in out.stdout.splitlines() if line.strip()])
+
+
+def agent_cmd() -> list[str]:
+    import sys
+
+    return [sys.executable, "-m", "agent.cli", "--log-format", "console"]
+
+
+def test_render_touches_nothing(lab):
+    argv = [*agent_cmd(), "render", "--gateway", "gw1", "--from-dir", str(ROOT / "examples")]
+    out = lab.run_in(lab.gw_ns, argv, capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    assert json.loads(out)["nftables"][0] == {"add": {"table": {"family": "ip", "name": "natgw"}}}
+    assert lab.run_in(lab.gw_ns, ["nft", "list", "tables"], capture_output=True, text=True).stdout == ""
