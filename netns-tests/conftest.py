@@ -89,7 +89,7 @@ class Agent:
             for key, value in item.get("map", {}).get("elem", []):
                 if "elem" in key:
                     key = key["elem"]["val"]
-                result[tuple(key["concat"])] = value["goto"]["target"]
+                result[tuple(key["concat"])] = value["goto"]["target"] if "goto" in value else json.dumps(value)
         return result
 
     def wait_services(self, count: int, timeout: float = 5.0) -> dict[tuple[Any, ...], str]:

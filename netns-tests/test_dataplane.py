@@ -156,3 +156,20 @@ def test_render_touches_nothing(lab):
     out = lab.run_in(lab.gw_ns, argv, capture_output=True, text=True, cwd=ROOT, check=True).stdout
     assert json.loads(out)["nftables"][0] == {"add": {"table": {"family": "ip", "name": "natgw"}}}
     assert lab.run_in(lab.gw_ns, ["nft", "list", "tables"], capture_output=True, text=True).stdout == ""
+
+
+def test_refused_transaction_changes_nothing_is_logged_and_retried(lab, agent):
+    program(agent, *DNS, identities=1)
+    before = agent.nft("-s", "list", "table", "ip", "natgw")
+    # Someone else's element on the key the agent is about to add: the kernel refuses the
+    # agent's whole batch (File exists).
+    agent.nft("add", "element", "ip", "natgw", "services", f"{{ {EIP} . tcp . 80 : drop }}")
+    write_rules(agent.rules_dir, "rules.yaml", yaml_docs(eip_doc(), *WEB, *DNS[:2]))
+    failed = wait_for(lambda: [e for e in agent.logs() if e.get("event", "").startswith("apply failed")],
+                      what="the refused transaction to be logged")
+    assert failed[0]["rc"] != 0 and len(failed[0]["digest"]) == 12 and "File exists" in failed[0]["error"]
+    # The retry reads the kernel back, sees the foreign element and replaces it.
+    wait_for(lambda: agent.services().get((EIP, "tcp", 80)) == "lb_n3", 10, what="convergence after retry")
+    assert agent.services()[(EIP, "udp", 53)] == "lb_n2"
+    assert lab.tcp_connect(EIP, 80, 20)["failed"] == 0
+    assert before != agent.nft("-s", "list", "table", "ip", "natgw")
