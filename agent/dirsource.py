@@ -1,9 +1,10 @@
 """Directory source: every *.yaml, *.yml and *.json file in a directory holds objects as
 the Kubernetes API returns them (one object, several YAML documents, or a `kind: List`).
 
-Polled by stat signature, so an edit is seen within one poll interval without inotify.
-A file that fails to parse keeps its last good content (an editor's half-written save
-must not withdraw live rules); a removed file withdraws its objects."""
+Polled by stat signature, without inotify. A changed file is read once its signature has
+held still for one poll (an editor that truncates and then writes must not withdraw live
+rules for a moment), so an edit is seen within two poll intervals. A file that fails to
+parse keeps its last good content; a removed file withdraws its objects."""
 from __future__ import annotations
 
 import json
@@ -29,7 +30,8 @@ class _Stamp:
 class DirectorySource:
     def __init__(self, directory: Path) -> None:
         self.directory = Path(directory)
-        self._stamps: dict[str, _Stamp] = {}
+        self._stamps: dict[str, _Stamp] = {}  # as loaded
+        self._seen: dict[str, _Stamp] | None = None  # as scanned by the previous poll
         self._objects: dict[str, list[Any]] = {}
         self._failed: dict[str, str] = {}
 
@@ -38,13 +40,18 @@ class DirectorySource:
         current = self._scan()
         changed = False
         for name in set(self._stamps) - set(current):
+            del self._stamps[name]
             self._objects.pop(name, None)
             self._failed.pop(name, None)
             changed = True
         for name, stamp in current.items():
-            if self._stamps.get(name) != stamp:
-                changed |= self._load(name)
-        self._stamps = current
+            if self._stamps.get(name) == stamp:
+                continue
+            if self._seen is not None and self._seen.get(name) != stamp:
+                continue  # still changing (or just appeared): read it on the next poll
+            self._stamps[name] = stamp
+            changed |= self._load(name)
+        self._seen = current
         return changed
 
     def objects(self) -> list[Any]:

@@ -17,8 +17,8 @@ CLIENT_IP = "ClientIP"
 
 # DNS-1123 subdomain, as the API server enforces for metadata.name; a directory source
 # gets no such check, and the name ends up in nft comments and logs.
-_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_PORT_RE = re.compile(r"^[0-9]{1,5}$")
+_NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_PORT_RE = re.compile(r"[0-9]{1,5}")
 
 
 @dataclass(frozen=True, order=True)
@@ -130,7 +130,7 @@ def _parse_eip(name: str, obj: Mapping[str, Any]) -> _Eip:
 
 
 def _parse_rule(name: str, spec: Mapping[str, Any], eip: _Eip) -> Rule:
-    if not _NAME_RE.match(name) or len(name) > 253:
+    if len(name) > 253 or not _NAME_RE.fullmatch(name):
         raise RuleError(RULE_KIND, name, "metadata.name", "not a DNS-1123 subdomain")
     if eip.error is not None:
         raise RuleError(RULE_KIND, name, "spec.eip", f"IptablesEIP {eip.name!r}: {eip.error.field}: {eip.error.reason}")
@@ -162,10 +162,10 @@ def _parse_rule(name: str, spec: Mapping[str, Any], eip: _Eip) -> Rule:
 
 def _port(name: str, field_name: str, value: Any) -> int:
     # The CRD carries ports as decimal strings; an int is accepted too, a bool or float never.
-    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
-    if not isinstance(text, str) or not _PORT_RE.match(text) or not 1 <= int(text) <= 65535:
+    port = int(value) if isinstance(value, str) and _PORT_RE.fullmatch(value) else value
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
         raise RuleError(RULE_KIND, name, field_name, f"{value!r} is not a port in 1..65535")
-    return int(text)
+    return port
 
 
 def _ipv4(kind: str, name: str, field_name: str, value: Any) -> str:
