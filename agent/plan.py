@@ -2,7 +2,8 @@
 list of libnftables JSON commands (one atomic transaction). Pure: no I/O.
 
 Order inside the transaction: declare what is new; rewrite changed chains; swap map
-elements; then remove chains and sets nothing points to any more."""
+elements; empty the chains and delete the sets nothing points to any more. Emptied chains
+are deleted by a later transaction (retire)."""
 from __future__ import annotations
 
 import json
@@ -56,14 +57,24 @@ def plan(current: Ruleset | None, desired: Ruleset, family: str, table: str) -> 
         if new:
             cmds.append({"add": {"element": {**ref, "name": name, "elem": new}}})
 
-    stale_chains = [n for n in current.chains if n not in desired.chains]
-    # Flush first so no stale chain still jumps to another one being deleted.
-    cmds.extend({"flush": {"chain": {**ref, "name": n}}} for n in stale_chains if current.rules.get(n))
-    cmds.extend({"delete": {"chain": {**ref, "name": n}}} for n in stale_chains)
+    # Stale chains are only emptied here and deleted by a later transaction (retire()):
+    # kernels before 6.2 may refuse to delete a chain in the batch that removes the map
+    # element pointing at it (EBUSY), as kube-proxy found.
+    cmds.extend({"flush": {"chain": {**ref, "name": n}}} for n in stale_chains(current, desired) if current.rules.get(n))
     cmds.extend(
         {"delete": {_set_kind(decl): {**ref, "name": n}}} for n, decl in current.sets.items() if n not in desired.sets
     )
     return cmds
+
+
+def stale_chains(current: Ruleset | None, desired: Ruleset) -> list[str]:
+    """Chains the desired state no longer has: plan() empties them, retire() deletes them."""
+    return [n for n in (current or EMPTY).chains if n not in desired.chains]
+
+
+def retire(chains: list[str], family: str, table: str) -> list[Command]:
+    """Delete chains emptied by an earlier transaction (nothing points at them any more)."""
+    return [{"delete": {"chain": {"family": family, "table": table, "name": n}}} for n in chains]
 
 
 def _set_kind(decl: dict[str, Any]) -> str:

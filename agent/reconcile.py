@@ -15,7 +15,7 @@ from agent import conntrack
 from agent.errors import ApplyError
 from agent.model import Backend, Identity
 from agent.nft import Nft
-from agent.plan import plan
+from agent.plan import plan, retire, stale_chains
 from agent.report import Reporter, evaluate
 from agent.render import SERVICES, affinity_set, identity_key, key_identity, render, slots_of, sticky_slots
 from agent.ruleset import EMPTY, Ruleset
@@ -46,6 +46,7 @@ class Reconciler:
         self.mirror: Ruleset | None = None
         self._full = True  # read the kernel before the next plan
         self.reporter = Reporter()
+        self._retiring: dict[str, float] = {}  # emptied chain -> when
 
     def request_full_sync(self) -> None:
         self._full = True
@@ -66,6 +67,9 @@ class Reconciler:
             self._full = True
             raise
         self.mirror = wanted
+        now = time.monotonic()
+        for name in stale_chains(before, wanted):
+            self._retiring.setdefault(name, now)
         flows, affinity = self._cleanup(before or EMPTY, wanted)
         result = SyncResult(
             commands=len(commands),
@@ -78,6 +82,26 @@ class Reconciler:
         if commands:
             log.info("synced", **result.__dict__)
         return result
+
+    def retire_chains(self) -> None:
+        """Delete chains emptied at least retire_delay ago that are still unused."""
+        if not self._retiring:
+            return
+        used = self.mirror.chains if self.mirror is not None else {}
+        now = time.monotonic()
+        due = sorted(n for n, t in self._retiring.items() if n not in used and now - t >= self.settings.retire_delay)
+        for name in [n for n in self._retiring if n in used]:
+            del self._retiring[name]  # in use again
+        if not due:
+            return
+        for name in due:
+            del self._retiring[name]
+        try:
+            self.nft.apply(retire(due, self.nft.family, self.nft.table))
+        except ApplyError as err:
+            # Someone removed them already, or still points at them: a read-back sorts it out.
+            log.warning("retiring chains failed; will read back", chains=len(due), error=err.message)
+            self._full = True
 
     def _cleanup(self, before: Ruleset, after: Ruleset) -> tuple[int, int]:
         """After a successful apply: flows of removed identities (and UDP flows of removed
@@ -145,4 +169,8 @@ def run_loop(settings: Settings, source: Source, reconciler: Reconciler, stop: t
                 reconciler.request_full_sync()
                 retry_at = now + delay * random.uniform(0.8, 1.2)
                 delay = min(delay * 2, settings.retry_max)
+        try:
+            reconciler.retire_chains()
+        except Exception:
+            log.exception("retiring chains failed")
         stop.wait(settings.poll_interval)

@@ -33,6 +33,10 @@ class Settings:
     retry_max: float = 30.0
     """Cap of the retry delay, in seconds."""
 
+    retire_delay: float = 1.0
+    """Seconds an emptied chain waits before it is deleted in a transaction of its own
+    (kernels before 6.2 may refuse to delete it in the batch that unlinks it)."""
+
     max_backends: int = 256
     """Most backends one identity may have; beyond it the identity is rejected as a whole."""
 

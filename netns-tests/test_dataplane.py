@@ -60,6 +60,16 @@ def test_removing_a_backend_stops_new_connections_to_it_within_a_second(lab, age
     for client, before in pinned.items():
         if "b3" not in before:
             assert set(sticky["by_source"][client]) == set(before), client
+    # The emptied pattern chains are deleted by a transaction of their own, a second later.
+    wait_for(lambda: "lb_n3" not in agent.nft("list", "chains", "ip"), 3, what="lb_n3 to be retired")
+    assert "aff_t600_n3" not in agent.nft("list", "chains", "ip")
+    # Adding a backend back moves nobody who is pinned.
+    now = lab.tcp_connect(EIP, 443, 40, sources=CLIENTS)["by_source"]
+    program(agent, *WEB, *APP, identities=2)
+    time.sleep(0.6)
+    again = lab.tcp_connect(EIP, 443, 40, sources=CLIENTS)
+    assert again["failed"] == 0 and {c: set(p) for c, p in again["by_source"].items()} == {
+        c: set(p) for c, p in now.items()}
 
 
 def test_deleted_identity_no_longer_answers_and_its_flows_are_gone(lab, agent):
@@ -173,3 +183,24 @@ def test_refused_transaction_changes_nothing_is_logged_and_retried(lab, agent):
     assert agent.services()[(EIP, "udp", 53)] == "lb_n2"
     assert lab.tcp_connect(EIP, 80, 20)["failed"] == 0
     assert before != agent.nft("-s", "list", "table", "ip", "natgw")
+
+
+def test_affinity_timeout_slides_with_each_new_connection(lab, agent):
+    program(agent, *[rule_doc(f"short-{n}", 443, ip, 9090, affinity="ClientIP", timeout=3)
+                     for n, ip in BACKENDS.items()], identities=1)
+
+    def remaining() -> float:
+        out = agent.nft("-j", "list", "table", "ip", "natgw")
+        for item in json.loads(out)["nftables"]:
+            for elem in item.get("set", {}).get("elem", []):
+                if isinstance(elem, dict) and elem["elem"]["val"]["concat"][0] == "172.18.0.100":
+                    return elem["elem"]["expires"]
+        return 0.0
+
+    first = lab.tcp_connect(EIP, 443, 1)["by_backend"]
+    for _ in range(3):  # 4.5 s in all, longer than the timeout, one connection every 1.5 s
+        time.sleep(1.5)
+        assert lab.tcp_connect(EIP, 443, 1)["by_backend"] == first
+        assert remaining() >= 2  # (whole seconds) restarted by this connection, not run down from the first
+    time.sleep(3.5)
+    assert remaining() == 0.0  # expired once the client stopped

@@ -4,7 +4,7 @@ import json
 from agent.desired import desired_services
 from agent.dirsource import DirectorySource
 from agent.model import Backend, Identity, build_inventory
-from agent.plan import document, plan
+from agent.plan import document, plan, retire, stale_chains
 from agent.render import assign_slots, parse_target, pattern_chain, render, slots_of, sticky_slots
 from agent.ruleset import EMPTY, Ruleset
 from agent.settings import Settings
@@ -89,12 +89,17 @@ def test_clientip_change_of_other_backend_keeps_affinity_set_and_chain(web_objec
         0: Backend("10.0.1.11", 9090), 1: Backend("10.0.1.12", 9090), 2: Backend("10.0.1.13", 9090)}
 
 
-def test_deleting_last_identity_removes_shared_objects(web_objects):
+def test_deleting_last_identity_empties_shared_chains_and_retires_them_later(web_objects):
     before = rendered(web_objects)
     after = rendered([web_objects[0]], before)
     cmds = plan(before, after, "ip", "natgw")
     deleted = {next(iter(c["delete"].values()))["name"] for c in cmds if "delete" in c and "element" not in c["delete"]}
-    assert {"addr_0", "port_0", "aff_0", "slot_0", "lb_n3", "aff_t600_n2", "sticky_0_t600"} <= deleted
+    flushed = {c["flush"]["chain"]["name"] for c in cmds if "flush" in c}
+    assert deleted == {"addr_0", "port_0", "addr_1", "port_1", "addr_2", "port_2", "aff_0", "aff_1"}
+    chains = {"slot_0", "slot_1", "slot_2", "lb_n3", "lb_n1", "aff_t600_n2", "sticky_0_t600", "sticky_1_t600"}
+    assert flushed == chains  # emptied in this transaction ...
+    assert set(stale_chains(before, after)) == chains
+    assert {c["delete"]["chain"]["name"] for c in retire(sorted(chains), "ip", "natgw")} == chains  # ... deleted later
     assert after.elements["services"] == {}
     assert plan(after, rendered([web_objects[0]], after), "ip", "natgw") == []
 
