@@ -35,9 +35,17 @@ class DirectorySource:
         self._objects: dict[str, list[Any]] = {}
         self._failed: dict[str, str] = {}
 
+    @property
+    def ready(self) -> bool:
+        """True once the directory has been read: before that, an empty object list
+        means "unknown", not "no rules", and must not wipe the kernel."""
+        return self._seen is not None
+
     def poll(self) -> bool:
         """Re-read what changed since the last poll; True if anything did."""
         current = self._scan()
+        if current is None:
+            return False  # unreadable: keep serving what we had
         changed = False
         for name in set(self._stamps) - set(current):
             del self._stamps[name]
@@ -57,13 +65,13 @@ class DirectorySource:
     def objects(self) -> list[Any]:
         return [obj for name in sorted(self._objects) for obj in self._objects[name]]
 
-    def _scan(self) -> dict[str, _Stamp]:
+    def _scan(self) -> dict[str, _Stamp] | None:
         stamps: dict[str, _Stamp] = {}
         try:
             entries = list(os.scandir(self.directory))
         except OSError as err:
             log.error("cannot read rules directory", directory=str(self.directory), error=str(err))
-            return dict(self._stamps)  # keep serving what we had
+            return None
         for entry in entries:
             if entry.name.startswith(".") or not entry.name.endswith(SUFFIXES):
                 continue

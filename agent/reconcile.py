@@ -135,6 +135,8 @@ class Reconciler:
 
 
 class Source(Protocol):
+    @property
+    def ready(self) -> bool: ...
     def poll(self) -> bool: ...
     def objects(self) -> list[Any]: ...
 
@@ -156,7 +158,7 @@ def run_loop(settings: Settings, source: Source, reconciler: Reconciler, stop: t
             reconciler.request_full_sync()
             resync_at = now + settings.resync_interval
             pending = True
-        if pending and now >= retry_at:
+        if pending and source.ready and now >= retry_at:
             try:
                 reconciler.sync(source.objects())
                 pending, delay = False, settings.retry_min

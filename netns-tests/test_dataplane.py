@@ -204,3 +204,19 @@ def test_affinity_timeout_slides_with_each_new_connection(lab, agent):
         assert remaining() >= 2  # (whole seconds) restarted by this connection, not run down from the first
     time.sleep(3.5)
     assert remaining() == 0.0  # expired once the client stopped
+
+
+def test_unreadable_rules_directory_at_start_keeps_the_kernel_state(lab, agent):
+    program(agent, *WEB, identities=1)
+    before = agent.nft("-s", "list", "table", "ip", "natgw")
+    assert agent.stop() == 0
+    hidden = agent.rules_dir.with_name("hidden")
+    agent.rules_dir.rename(hidden)
+    agent.start()
+    wait_for(lambda: any(e.get("event") == "cannot read rules directory" for e in agent.logs()), what="the error")
+    time.sleep(0.5)
+    assert agent.nft("-s", "list", "table", "ip", "natgw") == before
+    assert lab.tcp_connect(EIP, 80, 10)["failed"] == 0
+    hidden.rename(agent.rules_dir)
+    write_rules(agent.rules_dir, "rules.yaml", yaml_docs(eip_doc(), *WEB[:1]))
+    wait_for(lambda: lab.tcp_connect(EIP, 80, 6)["by_backend"]["b1"] == 6, what="convergence once readable")

@@ -430,3 +430,13 @@ def test_a_changing_file_is_read_only_once_it_holds_still(tmp_path: Path) -> Non
     write(rules / "web.yaml", rule_yaml("web-b"))  # ... and writes the new content
     assert source.poll() is False and "web-a" in names(source)
     assert source.poll() is True and "web-b" in names(source) and "web-a" not in names(source)
+
+
+def test_not_ready_until_the_directory_could_be_read(tmp_path: Path) -> None:
+    # Before the first successful read, "no objects" means "unknown": the agent must not
+    # wipe the kernel because its directory is not mounted yet.
+    rules = tmp_path / "rules"
+    source = DirectorySource(rules)
+    assert source.poll() is False and not source.ready
+    rules.mkdir()
+    assert source.poll() is False and source.ready  # an empty directory is a real "no rules"
