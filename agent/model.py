@@ -75,7 +75,7 @@ def build_inventory(objects: Iterable[Any], gateway: str) -> Inventory:
     Never raises on input: what cannot be used becomes a RuleError. Objects that are not
     ours (other kinds, exclusive rules, other gateways' EIPs) are left out silently.
     """
-    dnat: list[Mapping[str, Any]] = []
+    dnat: dict[str, list[Mapping[str, Any]]] = {}
     eips: dict[str, _Eip] = {}
     for obj in objects:
         if not isinstance(obj, Mapping) or _deleting(obj):
@@ -85,12 +85,15 @@ def build_inventory(objects: Iterable[Any], gateway: str) -> Inventory:
         if name is None:
             continue  # nothing to name it by, nor to resolve it with
         if kind == EIP_KIND:
-            eips[name] = _parse_eip(name, obj)
+            # Names are unique in the API; twice in a directory is ambiguous ownership.
+            eips[name] = _parse_eip(name, obj) if name not in eips else _Eip(
+                name, eips[name].gateway, None, RuleError(EIP_KIND, name, "metadata.name", "defined more than once"))
         elif kind == RULE_KIND:
-            dnat.append(obj)
+            dnat.setdefault(name, []).append(obj)
     rules: list[Rule] = []
     errors: list[RuleError] = []
-    for obj in dnat:
+    for name, copies in dnat.items():
+        obj = copies[0]
         spec = obj.get("spec")
         if not isinstance(spec, Mapping) or spec.get("type") != "share":
             continue
@@ -98,7 +101,9 @@ def build_inventory(objects: Iterable[Any], gateway: str) -> Inventory:
         if eip is None or eip.gateway != gateway:
             continue  # ownership goes through the EIP; unresolved means not (yet) ours
         try:
-            rules.append(_parse_rule(_name_of(obj) or "", spec, eip))
+            if len(copies) > 1:
+                raise RuleError(RULE_KIND, name, "metadata.name", f"defined {len(copies)} times; none is used")
+            rules.append(_parse_rule(name, spec, eip))
         except RuleError as err:
             errors.append(err)
     return Inventory(rules=tuple(rules), errors=tuple(errors))

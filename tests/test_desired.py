@@ -56,3 +56,19 @@ def test_identity_over_backend_limit_is_refused_whole_others_kept():
     assert list(d.services) == [Identity("172.18.0.10", 53, "udp")]
     assert sorted(e.name for e in d.errors) == [f"r{i}" for i in range(1, 6)]
     assert all("limit 4" in e.reason for e in d.errors)
+
+
+def test_a_rule_name_defined_twice_is_refused_others_kept():
+    inv = build_inventory([eip("eip-web", "172.18.0.10"), rule("twice", 80, "10.0.1.11"),
+                           rule("twice", 80, "10.0.1.12"), rule("once", 80, "10.0.1.13")], "gw1")
+    assert [r.name for r in inv.rules] == ["once"]
+    assert [(e.name, e.field) for e in inv.errors] == [("twice", "metadata.name")]
+    assert "2 times" in inv.errors[0].reason
+
+
+def test_an_eip_defined_twice_refuses_its_rules():
+    inv = build_inventory([eip("eip-web", "172.18.0.10"), eip("eip-web", "172.18.0.20"),
+                           rule("a", 80, "10.0.1.11")], "gw1")
+    assert inv.rules == ()
+    assert [(e.name, e.field) for e in inv.errors] == [("a", "spec.eip")]
+    assert "defined more than once" in inv.errors[0].reason
