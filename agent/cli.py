@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -11,6 +12,7 @@ import structlog
 
 from agent import log as logsetup
 from agent.dirsource import DirectorySource
+from agent.errors import ApplyError
 from agent.nft import Nft
 from agent.plan import document, plan
 from agent.reconcile import Reconciler, run_loop
@@ -30,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     for name, text in (("run", "program and keep programming the gateway"),
                        ("render", "print the desired state as the nft JSON it would send, touching nothing")):
         s = sub.add_parser(name, help=text)
-        s.add_argument("--gateway", default=Settings.gateway, help="gateway name (default: $GATEWAY_NAME)")
+        s.add_argument("--gateway", default=os.environ.get("GATEWAY_NAME", ""), help="gateway name (default: $GATEWAY_NAME)")
         s.add_argument("--from-dir", type=Path, help="read rules from this directory instead of the Kubernetes API")
     sub.add_parser("show", help="print what the kernel holds, one block per identity")
     return p
@@ -40,7 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logsetup.configure(args.log_format, args.log_level)
     if args.command == "show":
-        sys.stdout.write(format_show(Nft("ip", args.table).read()))
+        try:
+            sys.stdout.write(format_show(Nft("ip", args.table).read()))
+        except ApplyError as err:
+            print(f"natgw-agent: cannot read the table: {err.message}", file=sys.stderr)
+            return 1
         return 0
     if not args.gateway:
         print("natgw-agent: --gateway or GATEWAY_NAME is required", file=sys.stderr)

@@ -1,15 +1,15 @@
 """All knobs of the agent in one place."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 
 @dataclass(frozen=True)
 class Settings:
-    gateway: str = os.environ.get("GATEWAY_NAME", "")
-    """Name of the VPC NAT gateway this agent serves (IptablesEIP.spec.natGwDp); env GATEWAY_NAME."""
+    gateway: str = ""
+    """Name of the VPC NAT gateway this agent serves (IptablesEIP.spec.natGwDp); the
+    command line defaults it to $GATEWAY_NAME."""
 
     from_dir: Path | None = None
     """Directory of IptablesDnatRule/IptablesEIP manifests; None means the Kubernetes API."""
