@@ -6,16 +6,21 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 import structlog
+from kubernetes.client import ApiClient, Configuration
 
 from agent import log as logsetup
 from agent.dirsource import DirectorySource
 from agent.errors import ApplyError
+from agent.events import EventRecorder
+from agent.health import Health, serve
+from agent.kubesource import KubeSource
 from agent.nft import Nft
 from agent.plan import document, plan
-from agent.reconcile import Reconciler, run_loop
+from agent.reconcile import Reconciler, Source, run_loop
 from agent.render import render
 from agent.report import Reporter, evaluate
 from agent.ruleset import EMPTY
@@ -34,6 +39,12 @@ def _parser() -> argparse.ArgumentParser:
         s = sub.add_parser(name, help=text)
         s.add_argument("--gateway", default=os.environ.get("GATEWAY_NAME", ""), help="gateway name (default: $GATEWAY_NAME)")
         s.add_argument("--from-dir", type=Path, help="read rules from this directory instead of the Kubernetes API")
+        s.add_argument("--kubeconfig", type=Path, help="kubeconfig for the API (default: in-cluster service account)")
+        if name == "run":
+            s.add_argument("--event-namespace", default=os.environ.get("POD_NAMESPACE") or Settings.event_namespace,
+                           help="namespace of the Events the agent records (default: $POD_NAMESPACE, else default)")
+            s.add_argument("--metrics-addr", default=Settings.metrics_addr,
+                           help="host:port of /healthz, /livez and /readyz")
     sub.add_parser("show", help="print what the kernel holds, one block per identity")
     return p
 
@@ -51,28 +62,68 @@ def main(argv: list[str] | None = None) -> int:
     if not args.gateway:
         print("natgw-agent: --gateway or GATEWAY_NAME is required", file=sys.stderr)
         return 2
-    if args.from_dir is None:
-        print("natgw-agent: the Kubernetes source is not available yet; use --from-dir", file=sys.stderr)
-        return 2
-    settings = Settings(gateway=args.gateway, from_dir=args.from_dir, table=args.table)
-    source = DirectorySource(args.from_dir)
+    settings = Settings(gateway=args.gateway, from_dir=args.from_dir, kubeconfig=args.kubeconfig, table=args.table,
+                        **({"event_namespace": args.event_namespace, "metrics_addr": args.metrics_addr}
+                           if args.command == "run" else {}))
+    api = None if settings.from_dir is not None else _api_client(settings)
+    source: Source = DirectorySource(settings.from_dir) if api is None else KubeSource(api)
     if args.command == "render":
-        source.poll()
-        desired, _ = evaluate(source.objects(), settings, Reporter())
-        wanted = render(desired.services, EMPTY, settings.affinity_set_size, settings.priority)
-        sys.stdout.write(document(plan(None, wanted, "ip", settings.table)))
-        return 0
-    return _run(settings, source)
+        return _render(settings, source, wait=0 if api is None else 30)
+    return _run(settings, source, api)
 
 
-def _run(settings: Settings, source: DirectorySource) -> int:
+def _api_client(settings: Settings) -> ApiClient:
+    from kubernetes import config
+
+    if settings.kubeconfig is not None:
+        return config.new_client_from_config(config_file=str(settings.kubeconfig))
+    configuration = Configuration()
+    config.load_incluster_config(client_configuration=configuration)
+    return ApiClient(configuration)
+
+
+def _render(settings: Settings, source: Source, wait: float) -> int:
+    source.start()
+    deadline = time.monotonic() + wait
+    while not (source.poll() or source.ready) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    source.stop()
+    if not source.ready:
+        print(f"natgw-agent: could not read the rules (waited {wait:.0f}s)", file=sys.stderr)
+        return 1
+    desired, _ = evaluate(source.objects(), settings, Reporter())
+    wanted = render(desired.services, EMPTY, settings.affinity_set_size, settings.priority)
+    sys.stdout.write(document(plan(None, wanted, "ip", settings.table)))
+    return 0
+
+
+def _run(settings: Settings, source: Source, api: ApiClient | None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         # The rules stay in the kernel: the data plane outlives the process.
         signal.signal(sig, lambda *_: stop.set())
     log = structlog.get_logger()
-    log.info("starting", gateway=settings.gateway, source=str(settings.from_dir), table=settings.table)
-    run_loop(settings, source, Reconciler(settings, Nft("ip", settings.table)), stop)
+    log.info("starting", gateway=settings.gateway, table=settings.table,
+             source=str(settings.from_dir) if settings.from_dir else "kubernetes")
+    events = EventRecorder(api, settings.event_namespace, host=settings.gateway) if api is not None else None
+    health = Health(settings.healthz_stale_after, settings.livez_wedged_after)
+    try:
+        server = serve(health, settings.metrics_addr)
+    except OSError as err:  # a taken port must not keep the data plane from being programmed
+        log.error("health endpoints unavailable", address=settings.metrics_addr, error=str(err))
+        server = None
+    if events is not None:
+        events.start()
+    source.start()
+    try:
+        run_loop(settings, source, Reconciler(settings, Nft("ip", settings.table), reporter=Reporter(events, settings.gateway)),
+                 stop, health)
+    finally:
+        source.stop()
+        if events is not None:
+            events.stop()
+        if server is not None:
+            server.shutdown()
     log.info("stopped; rules left in place")
     return 0
 

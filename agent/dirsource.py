@@ -41,6 +41,15 @@ class DirectorySource:
         means "unknown", not "no rules", and must not wipe the kernel."""
         return self._seen is not None
 
+    def start(self) -> None:
+        pass  # polled from the reconcile loop; no thread of its own
+
+    def stop(self) -> None:
+        pass
+
+    def wants_full_sync(self) -> bool:
+        return False  # a directory has no gaps to recover from
+
     def poll(self) -> bool:
         """Re-read what changed since the last poll; True if anything did."""
         current = self._scan()

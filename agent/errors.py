@@ -5,15 +5,17 @@ from __future__ import annotations
 class RuleError(Exception):
     """An input object that cannot be used, with the object, field and reason named."""
 
-    def __init__(self, kind: str, name: str, field: str, reason: str) -> None:
+    def __init__(self, kind: str, name: str, field: str, reason: str, uid: str = "", version: str = "") -> None:
         self.kind = kind
         self.name = name
         self.field = field
         self.reason = reason
+        self.uid = uid  # of the object, so an Event can point at it
+        self.version = version  # its resourceVersion: a new one is a new change, reported anew
         super().__init__(f"{kind} {name!r}: {field}: {reason}")
 
-    def key(self) -> tuple[str, str, str, str]:
-        return (self.kind, self.name, self.field, self.reason)
+    def key(self) -> tuple[str, ...]:
+        return (self.kind, self.name, self.field, self.reason, self.version)
 
 
 class ApplyError(Exception):

@@ -105,7 +105,9 @@ def build_inventory(objects: Iterable[Any], gateway: str) -> Inventory:
                 raise RuleError(RULE_KIND, name, "metadata.name", f"defined {len(copies)} times; none is used")
             rules.append(_parse_rule(name, spec, eip))
         except RuleError as err:
-            errors.append(err)
+            meta = obj.get("metadata")
+            uid, version = (str(meta.get("uid") or ""), str(meta.get("resourceVersion") or "")) if isinstance(meta, Mapping) else ("", "")
+            errors.append(RuleError(err.kind, err.name, err.field, err.reason, uid, version))
     return Inventory(rules=tuple(rules), errors=tuple(errors))
 
 

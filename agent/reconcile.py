@@ -13,6 +13,7 @@ import structlog
 
 from agent import conntrack
 from agent.errors import ApplyError
+from agent.health import Health
 from agent.model import Backend, Identity
 from agent.nft import Nft
 from agent.plan import plan, retire, stale_chains
@@ -39,13 +40,14 @@ class Reconciler:
     """Owns the mirror of the agent's table: what the kernel holds, as last read back or
     successfully applied. Plans are made against it, so a sync with no change sends nothing."""
 
-    def __init__(self, settings: Settings, nft: Nft, flows: FlowCleaner | None = None) -> None:
+    def __init__(self, settings: Settings, nft: Nft, flows: FlowCleaner | None = None,
+                 reporter: Reporter | None = None) -> None:
         self.settings = settings
         self.nft = nft
         self.flows = flows or (conntrack.delete_flows if settings.conntrack else (lambda i, b: 0))
         self.mirror: Ruleset | None = None
         self._full = True  # read the kernel before the next plan
-        self.reporter = Reporter()
+        self.reporter = reporter or Reporter()
         self._retiring: dict[str, float] = {}  # emptied chain -> when
 
     def request_full_sync(self) -> None:
@@ -63,9 +65,11 @@ class Reconciler:
         commands = plan(before, wanted, self.nft.family, self.nft.table)
         try:
             self.nft.apply(commands)
-        except ApplyError:
+        except ApplyError as err:
             self._full = True
+            self.reporter.apply_failed(err)
             raise
+        self.reporter.apply_succeeded()
         self.mirror = wanted
         now = time.monotonic()
         for name in stale_chains(before, wanted):
@@ -135,37 +139,53 @@ class Reconciler:
 
 
 class Source(Protocol):
+    """Where objects come from: a directory or the Kubernetes API."""
+
     @property
     def ready(self) -> bool: ...
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
     def poll(self) -> bool: ...
+    def wants_full_sync(self) -> bool: ...
     def objects(self) -> list[Any]: ...
 
 
-def run_loop(settings: Settings, source: Source, reconciler: Reconciler, stop: threading.Event) -> None:
+def run_loop(settings: Settings, source: Source, reconciler: Reconciler, stop: threading.Event,
+             health: Health | None = None) -> None:
     """Poll the source, sync on change, retry failures with capped, jittered backoff and a
     full read-back, resync periodically. Survives any exception from any stage."""
+    health = health or Health(settings.healthz_stale_after, settings.livez_wedged_after)
     pending = True
     delay = settings.retry_min
     retry_at = 0.0
     resync_at = time.monotonic() + settings.resync_interval
     while not stop.is_set():
+        health.beat()
         now = time.monotonic()
         try:
             pending |= source.poll()
+            if source.wants_full_sync():
+                reconciler.request_full_sync()
+                pending = True
         except Exception:  # a source bug must not kill the data plane's keeper
             log.exception("source poll failed")
         if now >= resync_at:
             reconciler.request_full_sync()
             resync_at = now + settings.resync_interval
             pending = True
+        if pending:
+            health.pending()
         if pending and source.ready and now >= retry_at:
             try:
                 reconciler.sync(source.objects())
                 pending, delay = False, settings.retry_min
+                health.synced()
             except ApplyError as err:
+                health.failed(str(err))
                 log.error("apply failed; kernel unchanged, will read back and retry",
                           rc=err.rc, digest=err.digest, commands=err.commands, error=err.message, retry_in=round(delay, 2))
-            except Exception:
+            except Exception as err:
+                health.failed(f"{type(err).__name__}: {err}")
                 log.exception("sync failed; will read back and retry", retry_in=round(delay, 2))
             if pending:
                 reconciler.request_full_sync()

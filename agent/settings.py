@@ -14,6 +14,23 @@ class Settings:
     from_dir: Path | None = None
     """Directory of IptablesDnatRule/IptablesEIP manifests; None means the Kubernetes API."""
 
+    kubeconfig: Path | None = None
+    """Kubeconfig for the Kubernetes source; None means the in-cluster service account."""
+
+    event_namespace: str = "default"
+    """Namespace of the Events the agent records (its objects are cluster-scoped)."""
+
+    metrics_addr: str = "127.0.0.1:10299"
+    """host:port of the health endpoints (/healthz, /livez, /readyz). 10299 is used by no
+    Kubernetes component; in a pod, bind the pod IP (eth0), never an EIP on net1."""
+
+    healthz_stale_after: float = 60.0
+    """/healthz fails once a change has waited longer than this many seconds (kube-proxy:
+    2 x its 30 s sync period)."""
+
+    livez_wedged_after: float = 30.0
+    """/livez fails when the loop has not turned for this many seconds."""
+
     table: str = "natgw"
     """The one nftables table (family ip) the agent owns. It never touches any other."""
 

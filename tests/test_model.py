@@ -258,7 +258,15 @@ def test_error_message_names_kind_object_field_and_reason() -> None:
     inv = build_inventory([make_eip(), make_rule("bad", externalPort="0")], GW)
     (err,) = inv.errors
     assert str(err) == "IptablesDnatRule 'bad': spec.externalPort: '0' is not a port in 1..65535"
-    assert err.key() == ("IptablesDnatRule", "bad", "spec.externalPort", "'0' is not a port in 1..65535")
+    assert err.key() == ("IptablesDnatRule", "bad", "spec.externalPort", "'0' is not a port in 1..65535", "")
+
+
+def test_error_carries_the_objects_uid_and_version_for_events() -> None:
+    bad = make_rule("bad", externalPort="0")
+    bad["metadata"].update(uid="u-1", resourceVersion="42")
+    (err,) = build_inventory([make_eip(), bad], GW).errors
+    assert (err.uid, err.version) == ("u-1", "42")
+    assert err.key()[-1] == "42"  # a new version of the object is a new change, reported anew
 
 
 # --------------------------------------------------------------------------- valid rules

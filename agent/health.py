@@ -1,0 +1,82 @@
+"""Health endpoints, kube-proxy's way: /healthz fails when a change has waited too long
+(or the agent cannot converge), /livez only when the loop is wedged, /readyz after the
+first full sync. JSON bodies say why."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+
+
+class Health:
+    """Updated by the reconcile loop; read by the HTTP handlers (thread-safe enough: each
+    field is one reference assignment)."""
+
+    def __init__(self, stale_after: float, wedged_after: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.stale_after = stale_after
+        self.wedged_after = wedged_after
+        self._clock = clock
+        self.synced_once = False
+        self.pending_since: float | None = None  # oldest change not yet in the kernel
+        self.last_error: str | None = None
+        self.heartbeat = clock()
+
+    def beat(self) -> None:
+        self.heartbeat = self._clock()
+
+    def pending(self) -> None:
+        if self.pending_since is None:
+            self.pending_since = self._clock()
+
+    def synced(self) -> None:
+        self.synced_once = True
+        self.pending_since = None
+        self.last_error = None
+
+    def failed(self, error: str) -> None:
+        self.last_error = error
+
+    def healthz(self) -> tuple[bool, dict[str, Any]]:
+        waited = 0.0 if self.pending_since is None else self._clock() - self.pending_since
+        if waited > self.stale_after:
+            return False, {"status": "unhealthy", "reason": f"a change has waited {waited:.1f}s (limit {self.stale_after:.0f}s)",
+                           "lastError": self.last_error}
+        return True, {"status": "ok", "pendingSeconds": round(waited, 3), "lastError": self.last_error}
+
+    def livez(self) -> tuple[bool, dict[str, Any]]:
+        silent = self._clock() - self.heartbeat
+        if silent > self.wedged_after:
+            return False, {"status": "wedged", "reason": f"the loop has not run for {silent:.1f}s"}
+        return True, {"status": "ok"}
+
+    def readyz(self) -> tuple[bool, dict[str, Any]]:
+        if not self.synced_once:
+            return False, {"status": "not ready", "reason": "no full sync yet"}
+        return True, {"status": "ok"}
+
+
+def serve(health: Health, address: str) -> ThreadingHTTPServer:
+    """Serve the endpoints on host:port from a daemon thread; returns the server."""
+    host, _, port = address.rpartition(":")
+    routes = {"/healthz": health.healthz, "/livez": health.livez, "/readyz": health.readyz}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            check = routes.get(self.path.split("?")[0])
+            ok, body = check() if check else (False, {"status": "not found"})
+            data = json.dumps(body).encode()
+            self.send_response(200 if ok else (404 if check is None else 503))
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            pass  # probes every few seconds would drown the agent's own log
+
+    server = ThreadingHTTPServer((host.strip("[]") or "0.0.0.0", int(port)), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="health", daemon=True).start()
+    return server

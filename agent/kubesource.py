@@ -1,0 +1,191 @@
+"""Kubernetes source: list, then watch, IptablesDnatRule and IptablesEIP objects through the
+official client, one thread per resource, into a store the reconcile loop polls.
+
+Correct under every watch failure, the way client-go's reflector is:
+- each watch starts from its list's resourceVersion, with bookmarks, a server-side
+  timeout and a client-side inactivity (read) timeout;
+- a stream that ends or breaks resumes from the last resourceVersion seen;
+- 410 Gone (an expired version) relists, and the store is replaced wholesale, so an
+  object deleted during the gap disappears, and the agent reads the kernel back;
+- while the API is unreachable the store keeps the last good objects, so nothing is
+  removed from the kernel because the API is down; reconnects back off with jitter.
+"""
+from __future__ import annotations
+
+import random
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
+
+log = structlog.get_logger()
+
+GROUP = "kubeovn.io"
+VERSION = "v1"
+RULES = "iptables-dnat-rules"
+EIPS = "iptables-eips"
+KINDS = {RULES: "IptablesDnatRule", EIPS: "IptablesEIP"}
+
+
+@dataclass(frozen=True)
+class WatchSettings:
+    server_timeout: float = 300.0
+    """Watch timeoutSeconds asked of the server; randomised up to 2x per request so many
+    gateways do not reconnect in step (client-go does the same)."""
+
+    connect_timeout: float = 10.0
+    """Seconds to establish a connection to the API server."""
+
+    inactivity_timeout: float = 660.0
+    """Seconds without a byte on a watch before it is treated as dead and resumed: longer
+    than the server timeout, so it only fires when the stream is wedged."""
+
+    backoff_min: float = 0.8
+    """First reconnect delay after a failure, in seconds (doubles, with jitter)."""
+
+    backoff_max: float = 30.0
+    """Cap of the reconnect delay, in seconds."""
+
+
+class _Expired(Exception):
+    """The resourceVersion we watch from is gone (410): relist."""
+
+
+class KubeSource:
+    def __init__(self, api: client.ApiClient, settings: WatchSettings | None = None) -> None:
+        self._api = client.CustomObjectsApi(api)
+        self._settings = settings or WatchSettings()
+        self._lock = threading.Lock()
+        self._store: dict[str, dict[str, Any]] = {RULES: {}, EIPS: {}}
+        self._listed: set[str] = set()
+        self._changed = False
+        self._relisted = False
+        self._stop = threading.Event()
+        self._watches: dict[str, watch.Watch] = {}
+        self._versions: dict[str, str | None] = {}  # per resource: last resourceVersion seen
+        self._watched: set[str] = set()
+        self._threads = [threading.Thread(target=self._run, args=(plural,), name=f"watch-{plural}", daemon=True)
+                         for plural in (RULES, EIPS)]
+        self.relists = 0  # lists after the first ones (410 or failure), for tests and metrics
+        self.restarts = 0  # watch streams started after the first one
+
+    # The reconcile loop's side (see reconcile.Source).
+
+    @property
+    def ready(self) -> bool:
+        """Both initial lists are complete: before that, nothing may be applied."""
+        with self._lock:
+            return len(self._listed) == 2
+
+    def poll(self) -> bool:
+        with self._lock:
+            changed, self._changed = self._changed, False
+            return changed
+
+    def wants_full_sync(self) -> bool:
+        """True once after a relist: the kernel is read back before the next plan."""
+        with self._lock:
+            relisted, self._relisted = self._relisted, False
+            return relisted
+
+    def objects(self) -> list[Any]:
+        with self._lock:
+            return [obj for plural in (EIPS, RULES) for obj in self._store[plural].values()]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for w in list(self._watches.values()):
+            w.stop()
+
+    # The watch threads.
+
+    def _run(self, plural: str) -> None:
+        delay = self._settings.backoff_min
+        while not self._stop.is_set():
+            try:
+                if self._versions.get(plural) is None:
+                    self._list(plural)
+                self._watch(plural)
+                delay = self._settings.backoff_min
+            except _Expired:
+                log.info("watch expired; relisting", resource=plural, resource_version=self._versions.get(plural))
+                self._versions[plural] = None
+            except Exception as err:  # API down, broken stream, bad answer: never kill the thread
+                log.warning("watch failed; reconnecting", resource=plural, error=f"{type(err).__name__}: {err}",
+                            resource_version=self._versions.get(plural), retry_in=round(delay, 2))
+                if self._stop.wait(delay * random.uniform(0.5, 1.0)):
+                    return
+                delay = min(delay * 2, self._settings.backoff_max)
+
+    def _list(self, plural: str) -> None:
+        answer = self._api.list_cluster_custom_object(
+            GROUP, VERSION, plural, _request_timeout=(self._settings.connect_timeout, self._settings.inactivity_timeout))
+        items = {o["metadata"]["name"]: _with_kind(plural, o) for o in answer.get("items", [])}
+        with self._lock:
+            if plural in self._listed:
+                self.relists += 1
+                self._relisted = True
+            self._listed.add(plural)
+            if items != self._store[plural]:
+                self._changed = True
+            self._store[plural] = items
+        self._versions[plural] = str(answer["metadata"]["resourceVersion"])
+        log.info("listed", resource=plural, objects=len(items), resource_version=self._versions[plural])
+
+    def _watch(self, plural: str) -> None:
+        """Follow one watch stream from the last resourceVersion seen, until it ends."""
+        w = watch.Watch()
+        self._watches[plural] = w
+        timeout = int(self._settings.server_timeout * random.uniform(1.0, 2.0))
+        if plural in self._watched:
+            self.restarts += 1
+        self._watched.add(plural)
+        try:
+            stream = w.stream(
+                self._api.list_cluster_custom_object, GROUP, VERSION, plural,
+                resource_version=self._versions[plural], allow_watch_bookmarks=True, timeout_seconds=timeout,
+                _request_timeout=(self._settings.connect_timeout, self._settings.inactivity_timeout),
+            )
+            for event in stream:
+                if self._stop.is_set():
+                    break
+                self._apply(plural, event)
+        except ApiException as err:
+            # With timeout_seconds set, the client surfaces an ERROR event as ApiException.
+            if err.status == 410:
+                raise _Expired() from err
+            raise
+        finally:
+            w.stop()
+            self._watches.pop(plural, None)
+
+    def _apply(self, plural: str, event: dict[str, Any]) -> None:
+        kind, obj = event.get("type"), event.get("raw_object")
+        if kind not in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK") or not isinstance(obj, dict):
+            log.warning("unknown watch event skipped", resource=plural, type=str(kind))
+            return
+        meta = obj.get("metadata") or {}
+        if meta.get("resourceVersion"):
+            self._versions[plural] = str(meta["resourceVersion"])
+        if kind == "BOOKMARK":
+            return
+        name = meta.get("name")
+        with self._lock:
+            if kind == "DELETED":
+                self._changed |= self._store[plural].pop(name, None) is not None
+            else:
+                self._store[plural][name] = _with_kind(plural, obj)
+                self._changed = True
+
+
+def _with_kind(plural: str, obj: dict[str, Any]) -> dict[str, Any]:
+    # List items of custom resources carry their kind, but nothing downstream should
+    # depend on the server filling it in.
+    return obj if obj.get("kind") else {**obj, "kind": KINDS[plural]}
