@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time

@@ -99,10 +99,13 @@ class KubeSource:
         for thread in self._threads:
             thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 2.0) -> None:
         self._stop.set()
         for w in list(self._watches.values()):
             w.stop()
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join(timeout)
 
     # The watch threads.
 

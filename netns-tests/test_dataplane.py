@@ -5,7 +5,7 @@ import json
 import signal
 import time
 
-from conftest import (BACKENDS, CHI2_CRITICAL_DF2, EIP, OTHER_EIP, ROOT, chi_square, eip_doc, rule_doc, wait_for,
+from gwtest import (BACKENDS, CHI2_CRITICAL_DF2, EIP, OTHER_EIP, ROOT, chi_square, eip_doc, rule_doc, wait_for,
                       write_rules, yaml_docs)
 
 WEB = [rule_doc(f"web-{n}", 80, ip) for n, ip in BACKENDS.items()]

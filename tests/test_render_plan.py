@@ -8,7 +8,7 @@ from agent.plan import document, plan, retire, stale_chains
 from agent.render import assign_slots, parse_target, pattern_chain, render, slots_of, sticky_slots
 from agent.ruleset import EMPTY, Ruleset
 from agent.settings import Settings
-from tests.conftest import ROOT, check_golden, eip, rule
+from tests.conftest import ROOT, check_golden, rule
 
 S = Settings()
 
