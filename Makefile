@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
-APT_PACKAGES := nftables python3-nftables python3-venv conntrack iproute2 iptables
+APT_PACKAGES := nftables python3-nftables python3-venv conntrack iproute2 iptables systemd
 STAMP := $(VENV)/.installed
 
 .PHONY: deps run test unit netns clean
@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 # Debian packages (the nftables binding is only packaged by the distro), then a virtualenv
 # made from the distro Python with system site packages so it sees that binding.
 deps: $(STAMP)
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 		echo "installing Debian packages: $$missing"; \
