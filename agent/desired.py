@@ -1,13 +1,16 @@
 """Desired state per identity: the rules of one EIP:port/proto grouped into one service.
-Pure: no I/O."""
+
+`desired_services` is the pure function; `DesiredState` keeps its result up to date object
+by object, so a change to one rule costs work for its identity only, not for all 10,000."""
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable, Protocol
 
 from agent.errors import RuleError
-from agent.model import RULE_KIND, Backend, Identity, Rule
+from agent.model import (EIP_KIND, RULE_KIND, Backend, Eip, Identity, Rule, eip_of, eip_reference, index_objects,
+                         live, rule_of)
 
 
 @dataclass(frozen=True)
@@ -19,10 +22,7 @@ class Service:
     affinity: bool
     timeout: int  # seconds; meaningful only with affinity
     rules: dict[Backend, tuple[str, ...]]  # source rule names per backend, sorted
-
-    @property
-    def rule_names(self) -> tuple[str, ...]:
-        return tuple(sorted({n for names in self.rules.values() for n in names}))
+    rule_names: tuple[str, ...]  # all of them, sorted
 
 
 @dataclass(frozen=True)
@@ -33,13 +33,7 @@ class Desired:
 
 
 def desired_services(rules: Iterable[Rule], max_backends: int) -> Desired:
-    """Group rules by identity.
-
-    Siblings that disagree on affinity (admission normally forbids it) resolve the same way
-    every time: ClientIP if any sibling asks for it, with the longest timeout among those
-    that do. Stickiness is the safe side: a client that needs it breaks without it, one
-    that does not is still served.
-    """
+    """Group rules by identity."""
     grouped: dict[Identity, list[Rule]] = defaultdict(list)
     for rule in rules:
         grouped[rule.identity].append(rule)
@@ -47,27 +41,181 @@ def desired_services(rules: Iterable[Rule], max_backends: int) -> Desired:
     errors: list[RuleError] = []
     notes: list[str] = []
     for identity, members in sorted(grouped.items()):
-        names: dict[Backend, set[str]] = defaultdict(set)
-        for rule in members:
-            names[rule.backend].add(rule.name)
-        if len(names) > max_backends:
-            for rule in sorted(members, key=lambda r: r.name):
-                errors.append(
-                    RuleError(RULE_KIND, rule.name, "spec.internalIp",
-                              f"identity {identity} has {len(names)} backends, more than the limit {max_backends}")
-                )
-            continue
-        sticky = [r for r in members if r.affinity]
-        timeouts = {r.timeout for r in sticky}
-        if sticky and (len(sticky) != len(members) or len(timeouts) > 1):
-            notes.append(
-                f"identity {identity}: rules disagree on session affinity; using ClientIP with timeout {max(timeouts)}s"
-            )
-        services[identity] = Service(
-            identity=identity,
-            backends=tuple(sorted(names)),
-            affinity=bool(sticky),
-            timeout=max(timeouts) if sticky else 0,
-            rules={b: tuple(sorted(n)) for b, n in sorted(names.items())},
-        )
+        service, refused, note = service_of(identity, members, max_backends)
+        if service is not None:
+            services[identity] = service
+        errors.extend(refused)
+        notes.extend([note] if note else [])
     return Desired(services=services, errors=tuple(errors), notes=tuple(notes))
+
+
+def service_of(identity: Identity, members: Iterable[Rule], max_backends: int) -> tuple[Service | None, list[RuleError], str]:
+    """One identity from its rules: the service (None if refused), refusals, and a note.
+
+    Siblings that disagree on affinity (admission normally forbids it) resolve the same way
+    every time: ClientIP if any sibling asks for it, with the longest timeout among those
+    that do. Stickiness is the safe side: a client that needs it breaks without it, one
+    that does not is still served.
+    """
+    members = list(members)
+    names: dict[Backend, set[str]] = defaultdict(set)
+    for rule in members:
+        names[rule.backend].add(rule.name)
+    if len(names) > max_backends:
+        reason = f"identity {identity} has {len(names)} backends, more than the limit {max_backends}"
+        return None, [RuleError(RULE_KIND, r.name, "spec.internalIp", reason) for r in sorted(members, key=lambda r: r.name)], ""
+    sticky = [r for r in members if r.affinity]
+    timeouts = {r.timeout for r in sticky}
+    note = ""
+    if sticky and (len(sticky) != len(members) or len(timeouts) > 1):
+        note = f"identity {identity}: rules disagree on session affinity; using ClientIP with timeout {max(timeouts)}s"
+    service = Service(
+        identity=identity,
+        backends=tuple(sorted(names)),
+        affinity=bool(sticky),
+        timeout=max(timeouts) if sticky else 0,
+        rules={b: tuple(sorted(n)) for b, n in sorted(names.items())},
+        rule_names=tuple(sorted(r.name for r in members)),
+    )
+    return service, [], note
+
+
+class Catalog(Protocol):
+    """A source's objects: all of them, or the copies of one name."""
+
+    def objects(self) -> list[Any]: ...
+    def named(self, kind: str, name: str) -> list[Any]: ...
+
+
+Key = tuple[str, str]  # (kind, name)
+
+
+class DesiredState:
+    """The services of one gateway, maintained object by object.
+
+    `rebuild` evaluates every object; `update` re-evaluates only the changed objects (and,
+    for a changed EIP, the rules that point at it) and returns the identities whose
+    service may differ. Both give the same result as `desired_services` over everything.
+    """
+
+    def __init__(self, gateway: str, max_backends: int) -> None:
+        self.gateway = gateway
+        self.max_backends = max_backends
+        self._reset()
+
+    def _reset(self) -> None:
+        self.services: dict[Identity, Service] = {}
+        self.backends = 0  # over all services, kept as they change
+        self._eips: dict[str, Eip] = {}
+        self._results: dict[str, Rule | RuleError] = {}  # this gateway's rules, valid or not
+        self._invalid: dict[str, RuleError] = {}  # the RuleErrors among them
+        self._refers: dict[str, str] = {}  # rule name -> EIP name it points at (any gateway)
+        self._referrers: dict[str, set[str]] = defaultdict(set)  # EIP name -> rule names
+        self._members: dict[Identity, set[str]] = defaultdict(set)  # identity -> valid rule names
+        self._refused: dict[Identity, list[RuleError]] = {}
+        self._notes: dict[Identity, str] = {}
+
+    @property
+    def errors(self) -> list[RuleError]:
+        return [*self._invalid.values(), *(e for refused in self._refused.values() for e in refused)]
+
+    @property
+    def notes(self) -> list[str]:
+        return [self._notes[i] for i in sorted(self._notes)]
+
+    def rebuild(self, catalog: Catalog) -> set[Identity]:
+        """Evaluate everything; returns every identity, before and after."""
+        before = set(self.services) | set(self._refused)
+        self._reset()
+        by_kind = index_objects(catalog.objects())
+        self._eips = {name: eip_of(name, copies) for name, copies in by_kind[EIP_KIND].items()}
+        for name, copies in by_kind[RULE_KIND].items():
+            self._set_rule(name, copies)
+        dirty = before | set(self._members)
+        self._regroup(set(self._members))
+        return dirty
+
+    def update(self, catalog: Catalog, changed: Iterable[Key]) -> set[Identity]:
+        """Re-evaluate changed objects; returns the identities that may have changed."""
+        rules: set[str] = set()
+        for kind, name in changed:
+            if kind == EIP_KIND:
+                copies = [o for o in catalog.named(EIP_KIND, name) if live(o)]
+                if copies:
+                    self._eips[name] = eip_of(name, copies)
+                else:
+                    self._eips.pop(name, None)
+                rules |= self._referrers.get(name, set())
+            elif kind == RULE_KIND:
+                rules.add(name)
+        dirty: set[Identity] = set()
+        for name in rules:
+            dirty |= self._identities_of(name)
+            self._set_rule(name, [o for o in catalog.named(RULE_KIND, name) if live(o)])
+            dirty |= self._identities_of(name)
+        self._regroup(dirty)
+        return dirty
+
+    def _identities_of(self, name: str) -> set[Identity]:
+        result = self._results.get(name)
+        return {result.identity} if isinstance(result, Rule) else set()
+
+    def _set_rule(self, name: str, copies: list[dict[str, Any]]) -> None:
+        old = self._results.pop(name, None)
+        self._invalid.pop(name, None)
+        if isinstance(old, Rule):
+            self._members[old.identity].discard(name)
+        if (ref := self._refers.pop(name, None)) is not None:
+            self._referrers[ref].discard(name)
+        if not copies:
+            return
+        if (ref := eip_reference(copies[0])) is not None:
+            self._refers[name] = ref
+            self._referrers[ref].add(name)
+        result = rule_of(name, copies, self._eips, self.gateway)
+        if result is not None:
+            self._results[name] = result
+        if isinstance(result, Rule):
+            self._members[result.identity].add(name)
+        elif result is not None:
+            self._invalid[name] = result
+
+    def _regroup(self, identities: set[Identity]) -> None:
+        for identity in identities:
+            if (gone := self.services.pop(identity, None)) is not None:
+                self.backends -= len(gone.backends)
+            self._refused.pop(identity, None)
+            self._notes.pop(identity, None)
+            names = self._members.get(identity)
+            if not names:
+                self._members.pop(identity, None)
+                continue
+            members = [self._results[n] for n in names]
+            service, refused, note = service_of(identity, members, self.max_backends)  # type: ignore[arg-type]
+            if service is not None:
+                self.services[identity] = service
+                self.backends += len(service.backends)
+            if refused:
+                self._refused[identity] = refused
+            if note:
+                self._notes[identity] = note
+
+
+class ListCatalog:
+    """A plain list of objects as a Catalog."""
+
+    def __init__(self, objects: Iterable[Any]) -> None:
+        self._objects = list(objects)
+        self._named: dict[Key, list[Any]] | None = None
+
+    def objects(self) -> list[Any]:
+        return self._objects
+
+    def named(self, kind: str, name: str) -> list[Any]:
+        if self._named is None:
+            self._named = defaultdict(list)
+            for obj in self._objects:
+                meta = obj.get("metadata") if isinstance(obj, dict) else None
+                if isinstance(meta, dict) and isinstance(obj.get("kind"), str) and isinstance(meta.get("name"), str):
+                    self._named[(obj["kind"], meta["name"])].append(obj)
+        return self._named.get((kind, name), [])

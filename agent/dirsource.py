@@ -34,6 +34,8 @@ class DirectorySource:
         self._seen: dict[str, _Stamp] | None = None  # as scanned by the previous poll
         self._objects: dict[str, list[Any]] = {}
         self._failed: dict[str, str] = {}
+        self._named: dict[tuple[str, str], list[Any]] = {}  # (kind, name) -> objects, all files
+        self._changes: set[tuple[str, str]] | None = None  # since the last take; None: all
 
     @property
     def ready(self) -> bool:
@@ -47,8 +49,13 @@ class DirectorySource:
     def stop(self) -> None:
         pass
 
-    def wants_full_sync(self) -> bool:
-        return False  # a directory has no gaps to recover from
+    def named(self, kind: str, name: str) -> list[Any]:
+        return self._named.get((kind, name), [])
+
+    def take_changes(self) -> set[tuple[str, str]] | None:
+        """(kind, name) of the objects changed since the last call; None the first time."""
+        changes, self._changes = self._changes, set()
+        return changes
 
     def poll(self) -> bool:
         """Re-read what changed since the last poll; True if anything did."""
@@ -58,7 +65,7 @@ class DirectorySource:
         changed = False
         for name in set(self._stamps) - set(current):
             del self._stamps[name]
-            self._objects.pop(name, None)
+            self._replace(name, [])
             self._failed.pop(name, None)
             changed = True
         for name, stamp in current.items():
@@ -107,8 +114,31 @@ class DirectorySource:
         objects = [item for doc in docs for item in _items(doc)]
         if self._objects.get(name) == objects:
             return False
-        self._objects[name] = objects
+        self._replace(name, objects)
         return True
+
+    def _replace(self, file: str, objects: list[Any]) -> None:
+        """Swap one file's objects, keeping the by-name index and the change set."""
+        for obj in self._objects.pop(file, []):
+            key = _key(obj)
+            if key is not None:
+                copies = [o for o in self._named.get(key, []) if o is not obj]
+                if copies:
+                    self._named[key] = copies
+                else:
+                    self._named.pop(key, None)
+                self._note(key)
+        if objects:
+            self._objects[file] = objects
+        for obj in objects:
+            key = _key(obj)
+            if key is not None:
+                self._named.setdefault(key, []).append(obj)
+                self._note(key)
+
+    def _note(self, key: tuple[str, str]) -> None:
+        if self._changes is not None:
+            self._changes.add(key)
 
 
 def _items(doc: Any) -> list[Any]:
@@ -121,3 +151,9 @@ def _items(doc: Any) -> list[Any]:
     # An API list (IptablesDnatRuleList) may leave kind off its items; `kind: List` keeps it.
     item_kind = kind.removesuffix("List") or None
     return [{"kind": item_kind, **i} if item_kind else i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
+
+
+def _key(obj: Any) -> tuple[str, str] | None:
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    kind, name = obj.get("kind") if isinstance(obj, dict) else None, meta.get("name") if isinstance(meta, dict) else None
+    return (kind, name) if isinstance(kind, str) and isinstance(name, str) else None

@@ -62,7 +62,7 @@ class KubeSource:
         self._store: dict[str, dict[str, Any]] = {RULES: {}, EIPS: {}}
         self._listed: set[str] = set()
         self._changed = False
-        self._relisted = False
+        self._changes: set[tuple[str, str]] | None = None  # since the last take; None: all
         self._stop = threading.Event()
         self._watches: dict[str, watch.Watch] = {}
         self._versions: dict[str, str | None] = {}  # per resource: last resourceVersion seen
@@ -85,11 +85,18 @@ class KubeSource:
             changed, self._changed = self._changed, False
             return changed
 
-    def wants_full_sync(self) -> bool:
-        """True once after a relist: the kernel is read back before the next plan."""
+    def take_changes(self) -> set[tuple[str, str]] | None:
+        """(kind, name) of the objects changed since the last call; None (evaluate
+        everything) the first time and after a relist."""
         with self._lock:
-            relisted, self._relisted = self._relisted, False
-            return relisted
+            changes, self._changes = self._changes, set()
+            return changes
+
+    def named(self, kind: str, name: str) -> list[Any]:
+        plural = RULES if kind == KINDS[RULES] else EIPS if kind == KINDS[EIPS] else None
+        with self._lock:
+            obj = self._store[plural].get(name) if plural else None
+        return [obj] if obj is not None else []
 
     def objects(self) -> list[Any]:
         with self._lock:
@@ -134,7 +141,7 @@ class KubeSource:
         with self._lock:
             if plural in self._listed:
                 self.relists += 1
-                self._relisted = True
+                self._changes = None  # whatever the gap hid: evaluate everything
             self._listed.add(plural)
             if items != self._store[plural]:
                 self._changed = True
@@ -182,10 +189,13 @@ class KubeSource:
         name = meta.get("name")
         with self._lock:
             if kind == "DELETED":
-                self._changed |= self._store[plural].pop(name, None) is not None
+                if self._store[plural].pop(name, None) is None:
+                    return
             else:
                 self._store[plural][name] = _with_kind(plural, obj)
-                self._changed = True
+            self._changed = True
+            if self._changes is not None:
+                self._changes.add((KINDS[plural], name))
 
 
 def _with_kind(plural: str, obj: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agent.ruleset import EMPTY, Ruleset, elem_json, key_json
+from agent.ruleset import EMPTY, Key, Ruleset, key_json
 
 Command = dict[str, Any]
 
@@ -44,16 +44,25 @@ def plan(current: Ruleset | None, desired: Ruleset, family: str, table: str) -> 
             cmds.append({"flush": {"chain": {**ref, "name": name}}})
         cmds.extend({"add": {"rule": {**ref, "chain": name, **rule}}} for rule in rules)
 
+    keys: dict[Key, Any] = {}  # one JSON key per identity, shared by its elements
+
+    def key(k: Key) -> Any:
+        found = keys.get(k)
+        if found is None:
+            found = keys[k] = key_json(k)
+        return found
+
     for name, elements in current.elements.items():
         wanted = desired.elements.get(name)
         if wanted is None:
             continue  # the map itself goes below
-        gone = [key_json(k) for k, e in elements.items() if wanted.get(k) != e]
+        gone = [key(k) for k, e in elements.items() if wanted.get(k) != e]
         if gone:
             cmds.append({"delete": {"element": {**ref, "name": name, "elem": gone}}})
     for name, elements in desired.elements.items():
-        old = current.elements.get(name, {})
-        new = [[elem_json(k, e), e.value] for k, e in elements.items() if old.get(k) != e]
+        old = current.elements.get(name)
+        new = [[{"elem": {"val": key(k), "comment": e.comment}} if e.comment else key(k), e.value]
+               for k, e in elements.items() if not old or old.get(k) != e]
         if new:
             cmds.append({"add": {"element": {**ref, "name": name, "elem": new}}})
 

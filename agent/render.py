@@ -25,9 +25,11 @@ the connection.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import re
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from agent.desired import Service
@@ -46,10 +48,12 @@ _PATTERN_RE = re.compile(r"^(?:lb|aff_t(?P<timeout>\d+))_(?:n\d+|s[\d.]+|h[0-9a-
 Slots = dict[Identity, dict[Backend, int]]
 
 
+@functools.lru_cache(maxsize=1024)
 def addr_map(slot: int) -> str:
     return f"addr_{slot}"
 
 
+@functools.lru_cache(maxsize=1024)
 def port_map(slot: int) -> str:
     return f"port_{slot}"
 
@@ -66,6 +70,7 @@ def sticky_chain(slot: int, timeout: int) -> str:
     return f"sticky_{slot}_t{timeout}"
 
 
+@functools.lru_cache(maxsize=4096)
 def pattern_chain(slots: tuple[int, ...], timeout: int | None) -> str:
     """Chain shared by every identity whose backends hold exactly these slots."""
     if slots == tuple(range(len(slots))):
@@ -122,6 +127,16 @@ def slots_of(ruleset: Ruleset) -> Slots:
     return slots
 
 
+def held_slots(pieces: Pieces) -> dict[Backend, int]:
+    """Which slot each backend of one identity holds, from its rendered pieces."""
+    held = {}
+    for name, elem in pieces.elements.items():
+        if name.startswith("addr_"):
+            slot = int(name.removeprefix("addr_"))
+            held[Backend(elem.value, int(pieces.elements[port_map(slot)].value))] = slot
+    return held
+
+
 def sticky_slots(ruleset: Ruleset) -> dict[Identity, dict[int, Backend]]:
     """For each ClientIP identity, its slots and the backend in each."""
     sticky = {
@@ -141,31 +156,81 @@ def _goto(elem: Elem) -> str:
     return value.get("goto", {}).get("target", "") if isinstance(value, dict) else ""
 
 
+@dataclass(frozen=True)
+class Shared:
+    """A chain, set or map that identities share: declared while any of them needs it."""
+
+    kind: str  # "chain" or "set" (a map is a set whose declaration has "map")
+    decl: dict[str, Any]
+    rules: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """What one identity puts into the table: one element (under its key) in each of
+    some maps, and the shared objects those elements lead to."""
+
+    key: Key
+    elements: dict[str, Elem]  # map name -> this identity's element
+    shared: dict[str, Shared]
+
+
 def render(services: Mapping[Identity, Service], previous: Ruleset, affinity_set_size: int, priority: int) -> Ruleset:
     """The whole table for these services; slots follow `previous` (the kernel's state)."""
     slots = assign_slots(services, slots_of(previous))
+    rs = base_ruleset(priority)
+    for identity, service in sorted(services.items()):
+        add_pieces(rs, render_service(service, slots[identity], affinity_set_size))
+    return rs
+
+
+def base_ruleset(priority: int) -> Ruleset:
+    """The table with no identity: the base chain and its dispatch map."""
     rs = Ruleset()
     rs.sets[SERVICES] = {"type": IDENTITY_TYPE, "map": "verdict"}
     rs.chains[BASE_CHAIN] = {"type": "nat", "hook": "prerouting", "prio": priority, "policy": "accept"}
     rs.rules[BASE_CHAIN] = (_rule({"vmap": {"key": {"concat": _IDENTITY}, "data": f"@{SERVICES}"}}),)
     rs.elements[SERVICES] = {}
-    for identity, service in sorted(services.items()):
-        held = slots[identity]
-        order = tuple(sorted(held.values()))
-        timeout = service.timeout if service.affinity else None
-        key = identity_key(identity)
-        target = pattern_chain(order, timeout)
-        rs.elements[SERVICES][key] = Elem({"goto": {"target": target}}, truncate_comment(service.rule_names))
-        if target not in rs.chains:
-            _add_pattern(rs, target, order, timeout)
-        for backend, slot in held.items():
-            if slot_chain(slot) not in rs.chains:
-                _add_slot(rs, slot)
-            rs.elements[addr_map(slot)][key] = Elem(backend.ip, truncate_comment(service.rules[backend]))
-            rs.elements[port_map(slot)][key] = Elem(backend.port)
-            if timeout is not None:
-                _add_sticky(rs, slot, timeout, affinity_set_size)
     return rs
+
+
+def add_pieces(rs: Ruleset, pieces: Pieces) -> None:
+    for name, shared in pieces.shared.items():
+        declare(rs, name, shared)
+    for name, elem in pieces.elements.items():
+        rs.elements[name][pieces.key] = elem
+
+
+def declare(rs: Ruleset, name: str, shared: Shared) -> None:
+    if shared.kind == "chain":
+        rs.chains[name] = shared.decl
+        rs.rules[name] = shared.rules
+    else:
+        rs.sets[name] = shared.decl
+        if "map" in shared.decl:
+            rs.elements.setdefault(name, {})
+
+
+def undeclare(rs: Ruleset, name: str) -> None:
+    for table in (rs.chains, rs.rules, rs.sets, rs.elements):
+        table.pop(name, None)
+
+
+def render_service(service: Service, held: Mapping[Backend, int], affinity_set_size: int) -> Pieces:
+    """One identity's elements and the shared objects they need, its backends in `held` slots."""
+    key = identity_key(service.identity)
+    order = tuple(sorted(held.values()))
+    timeout = service.timeout if service.affinity else None
+    target = pattern_chain(order, timeout)
+    elements = {SERVICES: Elem({"goto": {"target": target}}, truncate_comment(service.rule_names))}
+    shared = {target: _pattern(order, timeout)}
+    for backend, slot in held.items():
+        elements[addr_map(slot)] = Elem(backend.ip, truncate_comment(service.rules[backend]))
+        elements[port_map(slot)] = Elem(backend.port)
+        shared.update(_slot(slot))
+        if timeout is not None:
+            shared.update(_sticky(slot, timeout, affinity_set_size))
+    return Pieces(key, elements, shared)
 
 
 def _rule(*expr: Any) -> dict[str, Any]:
@@ -181,42 +246,41 @@ def _numgen_vmap(targets: list[str]) -> dict[str, Any]:
     }
 
 
-def _add_pattern(rs: Ruleset, name: str, order: tuple[int, ...], timeout: int | None) -> None:
-    rs.chains[name] = {}
+# Shared definitions are pure functions of their names' parameters: build each once.
+@functools.lru_cache(maxsize=4096)
+def _pattern(order: tuple[int, ...], timeout: int | None) -> Shared:
     if timeout is None:
-        rs.rules[name] = (_rule(_numgen_vmap([slot_chain(s) for s in order])),)
-        return
+        return Shared("chain", {}, (_rule(_numgen_vmap([slot_chain(s) for s in order])),))
     client_key = {"concat": [_SADDR, *_IDENTITY]}
     checks = [
         _rule({"match": {"op": "==", "left": client_key, "right": f"@{affinity_set(s)}"}},
               {"goto": {"target": sticky_chain(s, timeout)}})
         for s in order
     ]
-    rs.rules[name] = (*checks, _rule(_numgen_vmap([sticky_chain(s, timeout) for s in order])))
+    return Shared("chain", {}, (*checks, _rule(_numgen_vmap([sticky_chain(s, timeout) for s in order]))))
 
 
-def _add_slot(rs: Ruleset, slot: int) -> None:
-    rs.sets[addr_map(slot)] = {"type": IDENTITY_TYPE, "map": "ipv4_addr", "stmt": [{"counter": None}]}
-    rs.sets[port_map(slot)] = {"type": IDENTITY_TYPE, "map": "inet_service"}
-    rs.elements[addr_map(slot)] = {}
-    rs.elements[port_map(slot)] = {}
+@functools.lru_cache(maxsize=4096)
+def _slot(slot: int) -> dict[str, Shared]:
     identity = {"concat": _IDENTITY}
-    rs.chains[slot_chain(slot)] = {}
-    rs.rules[slot_chain(slot)] = (
-        _rule({"dnat": {"addr": {"map": {"key": identity, "data": f"@{addr_map(slot)}"}},
-                        "port": {"map": {"key": identity, "data": f"@{port_map(slot)}"}}}}),
-    )
+    return {
+        addr_map(slot): Shared("set", {"type": IDENTITY_TYPE, "map": "ipv4_addr", "stmt": [{"counter": None}]}),
+        port_map(slot): Shared("set", {"type": IDENTITY_TYPE, "map": "inet_service"}),
+        slot_chain(slot): Shared("chain", {}, (
+            _rule({"dnat": {"addr": {"map": {"key": identity, "data": f"@{addr_map(slot)}"}},
+                            "port": {"map": {"key": identity, "data": f"@{port_map(slot)}"}}}}),
+        )),
+    }
 
 
-def _add_sticky(rs: Ruleset, slot: int, timeout: int, size: int) -> None:
-    name = sticky_chain(slot, timeout)
-    if name in rs.chains:
-        return
-    rs.sets.setdefault(affinity_set(slot), {"type": ["ipv4_addr", *IDENTITY_TYPE], "flags": ["timeout"], "size": size})
-    rs.chains[name] = {}
+@functools.lru_cache(maxsize=4096)
+def _sticky(slot: int, timeout: int, size: int) -> dict[str, Shared]:
     client_key = {"concat": [_SADDR, *_IDENTITY]}
-    rs.rules[name] = (
-        _rule({"set": {"op": "update", "elem": {"elem": {"val": client_key, "timeout": timeout}},
-                       "set": f"@{affinity_set(slot)}"}}),
-        _rule({"goto": {"target": slot_chain(slot)}}),
-    )
+    return {
+        affinity_set(slot): Shared("set", {"type": ["ipv4_addr", *IDENTITY_TYPE], "flags": ["timeout"], "size": size}),
+        sticky_chain(slot, timeout): Shared("chain", {}, (
+            _rule({"set": {"op": "update", "elem": {"elem": {"val": client_key, "timeout": timeout}},
+                           "set": f"@{affinity_set(slot)}"}}),
+            _rule({"goto": {"target": slot_chain(slot)}}),
+        )),
+    }

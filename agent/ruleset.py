@@ -9,7 +9,7 @@ from typing import Any, Iterable, Mapping
 Key = tuple[Any, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Elem:
     value: Any  # "10.0.1.11", 8080 or {"goto": {"target": chain}}
     comment: str | None = None
@@ -37,12 +37,6 @@ _CHAIN_FIELDS = ("type", "hook", "prio", "policy")
 
 def key_json(key: Key) -> Any:
     return {"concat": list(key)} if len(key) > 1 else key[0]
-
-
-def elem_json(key: Key, elem: Elem) -> Any:
-    if elem.comment:
-        return {"elem": {"val": key_json(key), "comment": elem.comment}}
-    return key_json(key)
 
 
 def from_listing(listing: Mapping[str, Any]) -> Ruleset:
@@ -80,7 +74,7 @@ def _parse_elem(item: Any) -> tuple[Key, Elem]:
 
 def truncate_comment(names: Iterable[str], limit: int = 128) -> str:
     """Join rule names for an nft comment (the kernel keeps at most 128 bytes)."""
-    names = list(names)
+    names = names if isinstance(names, (list, tuple)) else list(names)
     text = ",".join(names)
     if len(text) <= limit:
         return text
