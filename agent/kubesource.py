@@ -21,6 +21,8 @@ import structlog
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
+from agent.backoff import Backoff
+
 log = structlog.get_logger()
 
 GROUP = "kubeovn.io"
@@ -117,22 +119,22 @@ class KubeSource:
     # The watch threads.
 
     def _run(self, plural: str) -> None:
-        delay = self._settings.backoff_min
+        backoff = Backoff(self._settings.backoff_min, self._settings.backoff_max)
         while not self._stop.is_set():
             try:
                 if self._versions.get(plural) is None:
                     self._list(plural)
                 self._watch(plural)
-                delay = self._settings.backoff_min
+                backoff.reset()
             except _Expired:
                 log.info("watch expired; relisting", resource=plural, resource_version=self._versions.get(plural))
                 self._versions[plural] = None
             except Exception as err:  # API down, broken stream, bad answer: never kill the thread
+                delay = backoff.next()
                 log.warning("watch failed; reconnecting", resource=plural, error=f"{type(err).__name__}: {err}",
                             resource_version=self._versions.get(plural), retry_in=round(delay, 2))
-                if self._stop.wait(delay * random.uniform(0.5, 1.0)):
+                if self._stop.wait(delay):
                     return
-                delay = min(delay * 2, self._settings.backoff_max)
 
     def _list(self, plural: str) -> None:
         answer = self._api.list_cluster_custom_object(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from agent.errors import ApplyError
 from agent.ruleset import Key, Ruleset, from_listing, key_json
@@ -16,6 +16,22 @@ class Libnftables(Protocol):
     def json_cmd(self, doc: dict[str, Any]) -> tuple[int, Any, str]: ...
 
 
+_socket: Any = None
+
+
+def _kernel_generation() -> int:
+    """NFT_MSG_GETGEN over one netlink socket (pyroute2): one round trip, no listing."""
+    global _socket
+    from pyroute2.netlink.nfnetlink.nftsocket import NFT_MSG_GETGEN, NFTSocket, nft_gen_msg
+
+    if _socket is None:
+        _socket = NFTSocket()
+    msg = nft_gen_msg()
+    msg["nfgen_family"] = 0
+    (answer,) = _socket.request_get(msg, NFT_MSG_GETGEN)
+    return int(answer.get_attr("NFTA_GEN_ID"))
+
+
 def digest(commands: Sequence[dict[str, Any]]) -> str:
     return hashlib.sha256(json.dumps(commands, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -25,16 +41,24 @@ class Nft:
     it is first used in: create it inside the gateway's namespace)."""
 
     def __init__(self, family: str, table: str, backend: Libnftables | None = None) -> None:
+        self._genid: Callable[[], int] | None = None
         if backend is None:
             import nftables  # distro binding; imported here so pure modules never need it
 
             backend = nftables.Nftables()
             backend.set_json_output(True)
             backend.set_handle_output(False)
+            self._genid = _kernel_generation
         self.family = family
         self.table = table
         self._nft = backend
         self.transactions = 0  # batches sent that changed something (for tests and metrics)
+
+    def generation(self) -> int:
+        """The kernel's ruleset generation: it moves with every committed transaction, of
+        any table, and not with packets filling dynamic sets. A stand-in backend counts
+        its own successful batches instead."""
+        return self._genid() if self._genid is not None else self.transactions
 
     def apply(self, commands: Sequence[dict[str, Any]]) -> None:
         """Send commands as one atomic batch; raise ApplyError (nothing applied) on failure."""

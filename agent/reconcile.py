@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import random
 import threading
 import time
 from collections import Counter, defaultdict
@@ -14,6 +13,7 @@ from typing import Any, Callable, Iterable, Iterator, Protocol
 import structlog
 
 from agent import conntrack
+from agent.backoff import Backoff
 from agent.errors import ApplyError
 from agent.health import Health
 from agent.model import Backend, Identity
@@ -60,6 +60,8 @@ class Reconciler:
         self._usage: Counter[str] = Counter()  # shared object -> identities needing it
         self._full = True  # read the kernel back before the next plan
         self._retiring: dict[str, float] = {}  # emptied chain -> when
+        self._generation = -1  # kernel ruleset generation matching the mirror (-1: unknown)
+        self._last_readback = float("-inf")
 
     def request_full_sync(self) -> None:
         self._full = True
@@ -86,7 +88,7 @@ class Reconciler:
         self.reporter.report(self.state.errors, self.state.notes)
         commands = plan(self.mirror if change.whole else change.before, change.wanted, self.nft.family, self.nft.table)
         try:
-            self.nft.apply(commands)
+            self._apply(commands)
         except ApplyError as err:
             self._full = True
             self.reporter.apply_failed(err)
@@ -176,6 +178,37 @@ class Reconciler:
         self._usage.update(change.usage)
         self._usage = +self._usage  # drop the zeros
 
+    def _apply(self, commands: list[dict[str, Any]]) -> None:
+        if not commands:
+            return
+        before = self.nft.generation()
+        self.nft.apply(commands)
+        # Exactly one generation later: ours was the only transaction in between, so the
+        # drift check may trust it; anything else makes the next check read back.
+        self._generation = before + 1 if self.nft.generation() == before + 1 else -1
+
+    def check_drift(self) -> bool:
+        """Cheap unless something changed: the kernel's ruleset generation moves with every
+        committed transaction (dynamic set updates from packets do not move it). Only when
+        it moved past our own last transaction is the table read back and compared.
+        Returns True (and asks for a full sync) when the kernel differs from the mirror."""
+        generation = self.nft.generation()
+        if generation == self._generation or self.mirror is None:
+            return False
+        now = time.monotonic()
+        if now - self._last_readback < self.settings.drift_readback_gap:
+            return False  # a busy neighbour must not keep us listing: check again shortly
+        self._last_readback = now
+        kernel = self.nft.read()
+        drift = plan(kernel, self.mirror, self.nft.family, self.nft.table)
+        if not drift:
+            self._generation = generation  # someone else's table changed, not ours
+            return False
+        log.warning("drift: the kernel differs from what the agent programmed; repairing",
+                    commands=len(drift), generation=generation)
+        self.request_full_sync()
+        return True
+
     def retire_chains(self) -> None:
         """Delete chains emptied at least retire_delay ago that are still unused."""
         if not self._retiring:
@@ -190,7 +223,7 @@ class Reconciler:
         for name in due:
             del self._retiring[name]
         try:
-            self.nft.apply(retire(due, self.nft.family, self.nft.table))
+            self._apply(retire(due, self.nft.family, self.nft.table))
         except ApplyError as err:
             # Someone removed them already, or still points at them: a read-back sorts it out.
             log.warning("retiring chains failed; will read back", chains=len(due), error=err.message)
@@ -290,12 +323,15 @@ class Source(Protocol):
 def run_loop(settings: Settings, source: Source, reconciler: Reconciler, stop: threading.Event,
              health: Health | None = None) -> None:
     """Poll the source, sync on change, retry failures with capped, jittered backoff and a
-    full read-back, resync periodically. Survives any exception from any stage."""
+    full read-back, check for drift, resync periodically. Survives any exception from any
+    stage: each is logged with its context and retried, never a silent thread death."""
     health = health or Health(settings.healthz_stale_after, settings.livez_wedged_after)
+    backoff = Backoff(settings.retry_min, settings.retry_max)
     pending = True
-    delay = settings.retry_min
     retry_at = 0.0
-    resync_at = time.monotonic() + settings.resync_interval
+    now = time.monotonic()
+    resync_at = now + settings.resync_interval
+    drift_at = now + settings.drift_interval
     while not stop.is_set():
         health.beat()
         now = time.monotonic()
@@ -307,24 +343,35 @@ def run_loop(settings: Settings, source: Source, reconciler: Reconciler, stop: t
             reconciler.request_full_sync()
             resync_at = now + settings.resync_interval
             pending = True
+        if now >= drift_at and not pending:
+            drift_at = now + settings.drift_interval
+            try:
+                pending |= reconciler.check_drift()
+            except Exception:
+                log.exception("drift check failed; resyncing")
+                reconciler.request_full_sync()
+                pending = True
         if pending:
             health.pending()
         if pending and source.ready and now >= retry_at:
             try:
                 reconciler.sync(source, source.take_changes())
-                pending, delay = False, settings.retry_min
+                pending = False
+                backoff.reset()
                 health.synced()
             except ApplyError as err:
                 health.failed(str(err))
+                delay = backoff.next()
                 log.error("apply failed; kernel unchanged, will read back and retry",
                           rc=err.rc, digest=err.digest, commands=err.commands, error=err.message, retry_in=round(delay, 2))
+                retry_at = now + delay
             except Exception as err:
                 health.failed(f"{type(err).__name__}: {err}")
+                delay = backoff.next()
                 log.exception("sync failed; will read back and retry", retry_in=round(delay, 2))
+                retry_at = now + delay
             if pending:
                 reconciler.request_full_sync()
-                retry_at = now + delay * random.uniform(0.8, 1.2)
-                delay = min(delay * 2, settings.retry_max)
         try:
             reconciler.retire_chains()
         except Exception:

@@ -44,6 +44,14 @@ class Settings:
     resync_interval: float = 3600.0
     """Seconds between full resyncs (kernel read back, plan against it), as kube-proxy does."""
 
+    drift_interval: float = 1.0
+    """Seconds between drift checks: one netlink round trip reading the ruleset generation;
+    the table is read back only when the generation moved without the agent."""
+
+    drift_readback_gap: float = 2.0
+    """Least seconds between two drift read-backs (a read-back of 10,000 identities takes
+    ~2 s of CPU): transactions of other tables cannot keep the agent listing its own."""
+
     retry_min: float = 0.5
     """First retry delay after a failed apply, in seconds; doubles on each failure."""
 

@@ -129,3 +129,15 @@ def chi_square(counts: list[int]) -> float:
 # Chi-square critical value for 2 degrees of freedom at p = 0.001: a fair spread over
 # three backends fails this about once in a thousand runs.
 CHI2_CRITICAL_DF2 = 13.82
+
+
+WEB = [rule_doc(f"web-{n}", 80, ip) for n, ip in BACKENDS.items()]
+DNS = [rule_doc(f"dns-{n}", 53, ip, 5353, proto="UDP") for n, ip in BACKENDS.items()]
+APP = [rule_doc(f"app-{n}", 443, ip, 9090, affinity="ClientIP", timeout=600) for n, ip in BACKENDS.items()]
+CLIENTS = [f"172.18.0.{i}" for i in range(101, 121)]
+
+
+def program(agent: Agent, *docs: dict[str, Any], identities: int) -> None:
+    """Replace the agent's rules with these (and the EIP) and wait until the kernel has them."""
+    write_rules(agent.rules_dir, "rules.yaml", yaml_docs(eip_doc(), *docs))
+    agent.wait_services(identities)

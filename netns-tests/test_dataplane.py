@@ -5,19 +5,8 @@ import json
 import signal
 import time
 
-from gwtest import (BACKENDS, CHI2_CRITICAL_DF2, EIP, OTHER_EIP, ROOT, chi_square, eip_doc, rule_doc, wait_for,
-                      write_rules, yaml_docs)
-
-WEB = [rule_doc(f"web-{n}", 80, ip) for n, ip in BACKENDS.items()]
-DNS = [rule_doc(f"dns-{n}", 53, ip, 5353, proto="UDP") for n, ip in BACKENDS.items()]
-APP = [rule_doc(f"app-{n}", 443, ip, 9090, affinity="ClientIP", timeout=600) for n, ip in BACKENDS.items()]
-CLIENTS = [f"172.18.0.{i}" for i in range(101, 121)]
-
-
-def program(agent, *docs, identities: int) -> None:
-    write_rules(agent.rules_dir, "rules.yaml", yaml_docs(eip_doc(), *docs))
-    agent.wait_services(identities)
-
+from gwtest import (APP, BACKENDS, CHI2_CRITICAL_DF2, CLIENTS, DNS, EIP, OTHER_EIP, ROOT, WEB, chi_square, eip_doc,
+                    program, rule_doc, wait_for, write_rules, yaml_docs)
 
 def test_tcp_spread_is_uniform_over_three_backends(lab, agent):
     program(agent, *WEB, identities=1)
