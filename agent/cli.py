@@ -46,6 +46,7 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--metrics-addr", default=Settings.metrics_addr,
                            help="host:port of /healthz, /livez and /readyz")
     sub.add_parser("show", help="print what the kernel holds, one block per identity")
+    sub.add_parser("cleanup", help="remove everything the agent owns (its table); nothing else is touched")
     return p
 
 
@@ -59,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"natgw-agent: cannot read the table: {err.message}", file=sys.stderr)
             return 1
         return 0
+    if args.command == "cleanup":
+        return _cleanup(args.table)
     if not args.gateway:
         print("natgw-agent: --gateway or GATEWAY_NAME is required", file=sys.stderr)
         return 2
@@ -70,6 +73,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "render":
         return _render(settings, source, wait=0 if api is None else 30)
     return _run(settings, source, api)
+
+
+def _cleanup(table: str) -> int:
+    """Delete the agent's table: its rules, maps and affinity sets. Flows already set up
+    keep their conntrack entries; new connections fall through to whatever else is there."""
+    nft = Nft("ip", table)
+    try:
+        if nft.read() is None:
+            print(f"natgw-agent: no table ip {table}: nothing to remove")
+            return 0
+        nft.apply([{"delete": {"table": {"family": "ip", "name": table}}}])
+    except ApplyError as err:
+        print(f"natgw-agent: cleanup failed: {err.message}", file=sys.stderr)
+        return 1
+    print(f"natgw-agent: removed table ip {table}")
+    return 0
 
 
 def _api_client(settings: Settings) -> ApiClient:

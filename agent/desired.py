@@ -98,9 +98,10 @@ class DesiredState:
     service may differ. Both give the same result as `desired_services` over everything.
     """
 
-    def __init__(self, gateway: str, max_backends: int) -> None:
+    def __init__(self, gateway: str, max_backends: int, max_identities: int = 20000) -> None:
         self.gateway = gateway
         self.max_backends = max_backends
+        self.max_identities = max_identities
         self._reset()
 
     def _reset(self) -> None:
@@ -114,6 +115,7 @@ class DesiredState:
         self._members: dict[Identity, set[str]] = defaultdict(set)  # identity -> valid rule names
         self._refused: dict[Identity, list[RuleError]] = {}
         self._notes: dict[Identity, str] = {}
+        self._waiting: set[Identity] = set()  # valid, but over the identity limit
 
     @property
     def errors(self) -> list[RuleError]:
@@ -153,8 +155,7 @@ class DesiredState:
             dirty |= self._identities_of(name)
             self._set_rule(name, [o for o in catalog.named(RULE_KIND, name) if live(o)])
             dirty |= self._identities_of(name)
-        self._regroup(dirty)
-        return dirty
+        return dirty | self._regroup(dirty)
 
     def _identities_of(self, name: str) -> set[Identity]:
         result = self._results.get(name)
@@ -180,18 +181,28 @@ class DesiredState:
         elif result is not None:
             self._invalid[name] = result
 
-    def _regroup(self, identities: set[Identity]) -> None:
-        for identity in identities:
+    def _regroup(self, identities: set[Identity]) -> set[Identity]:
+        """Recompute these identities' services; returns identities admitted on top (ones
+        waiting for room under the identity limit)."""
+        for identity in sorted(identities):
             if (gone := self.services.pop(identity, None)) is not None:
                 self.backends -= len(gone.backends)
             self._refused.pop(identity, None)
             self._notes.pop(identity, None)
+            self._waiting.discard(identity)
             names = self._members.get(identity)
             if not names:
                 self._members.pop(identity, None)
                 continue
             members = [self._results[n] for n in names]
             service, refused, note = service_of(identity, members, self.max_backends)  # type: ignore[arg-type]
+            if service is not None and len(self.services) >= self.max_identities:
+                # One more identity than the gateway may carry: refused until room frees
+                # up, so no batch of objects can exhaust it.
+                reason = f"the gateway already serves the maximum of {self.max_identities} identities"
+                refused = [RuleError(RULE_KIND, n, "spec.eip", f"identity {identity}: {reason}") for n in sorted(names)]
+                service = None
+                self._waiting.add(identity)
             if service is not None:
                 self.services[identity] = service
                 self.backends += len(service.backends)
@@ -199,6 +210,12 @@ class DesiredState:
                 self._refused[identity] = refused
             if note:
                 self._notes[identity] = note
+        room = self.max_identities - len(self.services)
+        if room > 0 and self._waiting and not identities & self._waiting:
+            admitted = set(sorted(self._waiting)[:room])
+            self._regroup(admitted)
+            return admitted
+        return set()
 
 
 class ListCatalog:

@@ -54,7 +54,7 @@ class Reconciler:
         self.nft = nft
         self.flows = flows or (conntrack.delete_flows if settings.conntrack else (lambda i, b: 0))
         self.reporter = reporter or Reporter()
-        self.state = DesiredState(settings.gateway, settings.max_backends)
+        self.state = DesiredState(settings.gateway, settings.max_backends, settings.max_identities)
         self.mirror: Ruleset | None = None
         self._pieces: dict[Identity, Pieces] = {}  # per identity, as in the mirror
         self._usage: Counter[str] = Counter()  # shared object -> identities needing it

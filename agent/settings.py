@@ -65,6 +65,10 @@ class Settings:
     max_backends: int = 256
     """Most backends one identity may have; beyond it the identity is rejected as a whole."""
 
+    max_identities: int = 20000
+    """Most identities one gateway serves; beyond it new identities are refused (each rule
+    reported) until others go. Twice the 10,000 the agent is measured at."""
+
     affinity_set_size: int = 262144
     """Capacity of each shared ClientIP affinity set (one per backend slot); when full,
     new clients are still balanced, only without stickiness."""

@@ -3,11 +3,12 @@ the agent: drift in its table, restarts, removed backends with live UDP flows.""
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 import pytest
 
-from gwtest import APP, EIP, WEB, program, wait_for
+from gwtest import APP, EIP, ROOT, WEB, program, wait_for
 
 DRIFTS = {
     "table deleted": [["delete", "table", "ip", "natgw"]],
@@ -54,3 +55,15 @@ def static_ruleset(agent) -> list[str]:
         body = {k: v for k, v in body.items() if k != "handle" and not (kind == "set" and k == "elem")}
         items.append(json.dumps({kind: body}, sort_keys=True))
     return sorted(items)
+
+
+def test_cleanup_removes_everything_the_agent_owns_and_nothing_else(lab, agent):
+    program(agent, *WEB, identities=1)
+    agent.nft("add", "table", "ip", "other")
+    assert agent.stop() == 0
+    argv = [sys.executable, "-m", "agent.cli", "cleanup"]
+    out = lab.run_in(lab.gw_ns, argv, capture_output=True, text=True, cwd=ROOT, check=True)
+    assert "removed table ip natgw" in out.stdout
+    assert agent.nft("list", "tables").split() == ["table", "ip", "other"]
+    again = lab.run_in(lab.gw_ns, argv, capture_output=True, text=True, cwd=ROOT, check=True)
+    assert "nothing to remove" in again.stdout

@@ -72,3 +72,25 @@ def test_an_eip_defined_twice_refuses_its_rules():
     assert inv.rules == ()
     assert [(e.name, e.field) for e in inv.errors] == [("a", "spec.eip")]
     assert "defined more than once" in inv.errors[0].reason
+
+
+def test_identity_limit_refuses_newcomers_until_room_frees_up():
+    from agent.desired import DesiredState
+    from tests.test_incremental import Store
+
+    store = Store()
+    store.put(eip("eip-web", "172.18.0.10"))
+    for port in (80, 81):
+        store.put(rule(f"r{port}", port, "10.0.1.11"))
+    state = DesiredState("gw1", max_backends=256, max_identities=2)
+    state.rebuild(store)
+    store.take()
+    store.put(rule("r82", 82, "10.0.1.11"))
+    state.update(store, store.take())
+    assert sorted(i.port for i in state.services) == [80, 81]
+    (err,) = state.errors
+    assert (err.name, err.field) == ("r82", "spec.eip") and "maximum of 2 identities" in err.reason
+    store.drop("IptablesDnatRule", "r80")
+    dirty = state.update(store, store.take())
+    assert sorted(i.port for i in state.services) == [81, 82]  # the waiting one got the room
+    assert Identity("172.18.0.10", 82, "tcp") in dirty and state.errors == []
