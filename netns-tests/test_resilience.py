@@ -3,12 +3,14 @@ the agent: drift in its table, restarts, removed backends with live UDP flows.""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 import sys
 import time
 
 import pytest
 
-from gwtest import APP, EIP, ROOT, WEB, program, wait_for
+from gwtest import APP, BACKENDS, CLIENTS, DNS, EIP, ROOT, WEB, program, wait_for
 
 DRIFTS = {
     "table deleted": [["delete", "table", "ip", "natgw"]],
@@ -67,3 +69,75 @@ def test_cleanup_removes_everything_the_agent_owns_and_nothing_else(lab, agent):
     assert agent.nft("list", "tables").split() == ["table", "ip", "other"]
     again = lab.run_in(lab.gw_ns, argv, capture_output=True, text=True, cwd=ROOT, check=True)
     assert "nothing to remove" in again.stdout
+
+
+def load(lab, *args: str) -> subprocess.Popen:
+    return lab.popen_in(lab.client_ns, [sys.executable, str(ROOT / "netns-tests" / "loadgen.py"), *map(str, args)],
+                        stdout=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen) -> dict:
+    out, _ = proc.communicate(timeout=60)
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def affinity_entries(agent) -> set[str]:
+    out = json.loads(agent.nft("-j", "list", "table", "ip", "natgw"))["nftables"]
+    return {json.dumps([item["set"]["name"], e["elem"]["val"]]) for item in out if "set" in item
+            for e in item["set"].get("elem", [])}
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_restart_in_place_drops_no_connection(lab, agent, how):
+    program(agent, *WEB, *APP, identities=2)
+    warm = lab.tcp_connect(EIP, 443, 40, sources=CLIENTS)  # pin every client first
+    assert warm["failed"] == 0
+    pinned_before = affinity_entries(agent)
+    assert len(pinned_before) == len(CLIENTS)
+    traffic = load(lab, "tcp", 4.0, EIP, 80, 443)
+    time.sleep(1.0)
+    assert agent.stop(how) in (0, -signal.SIGKILL)
+    time.sleep(0.5)  # no agent at all for a while: the kernel serves on its own
+    agent.start()
+    result = finish(traffic)
+    assert result["failures"] == [] and result["connections"] > 200, result["failures"][:5]
+    assert set(result["answers"]["80"]) == set(BACKENDS)
+    # ClientIP held through the restart: each client stayed on the backend it had.
+    for client, backends in result["pinned"]["443"].items():
+        assert backends == sorted(b for b, n in warm["by_source"][client].items() if n), client
+    assert pinned_before <= affinity_entries(agent)  # the entries survived, none was flushed
+    wait_for(lambda: len([e for e in agent.logs() if e.get("event") == "starting"]) == 2, what="the restart")
+    time.sleep(0.5)
+    assert agent.proc.poll() is None
+
+
+def test_removed_backend_udp_flow_is_rebalanced_and_tcp_flows_stay(lab, agent):
+    program(agent, *WEB, *DNS, identities=2)
+    tcp = lab.tcp_connect(EIP, 80, 30)  # TIME_WAIT entries to every backend
+    assert tcp["failed"] == 0
+    sender = load(lab, "udp", 4.0, EIP, 53, 40053)  # one flow: one source port throughout
+    started = time.monotonic()
+    flow = wait_for(lambda: conntrack(lab, "udp", 53, None, source_port=40053), what="the UDP flow")
+    pinned = next(name for name, ip in BACKENDS.items() if f"src={ip}" in flow)
+    flows_before = {name: conntrack(lab, "tcp", 80, ip) for name, ip in BACKENDS.items()}
+    program(agent, *WEB, *[d for d in DNS if d["spec"]["internalIp"] != BACKENDS[pinned]], identities=2)
+    wait_for(lambda: f'"dns-{pinned}"' not in agent.nft("list", "table", "ip", "natgw"), what="the removal")
+    assert time.monotonic() - started < 3.0, "too slow to judge the last second of the flow"
+    answers = finish(sender)["answers"]
+    assert any(backend == pinned for t, backend in answers if t < 0.5)  # it was on that backend
+    late = [backend for t, backend in answers if t > 3.0]
+    assert late and pinned not in late, (pinned, answers[-10:])  # re-balanced, not stuck
+    # TCP entries to the surviving backends are untouched.
+    for name, ip in BACKENDS.items():
+        if name != pinned:
+            assert conntrack(lab, "tcp", 80, ip) == flows_before[name], name
+
+
+def conntrack(lab, proto: str, port: int, reply_src: str | None, source_port: int | None = None) -> str | int:
+    argv = ["conntrack", "-L", "-p", proto, "--orig-dst", EIP, "--dport", str(port)]
+    if reply_src:
+        argv += ["--reply-src", reply_src]
+    if source_port:
+        argv += ["--sport", str(source_port)]
+    out = lab.run_in(lab.gw_ns, argv, capture_output=True, text=True).stdout
+    return out if source_port else len(out.splitlines())
