@@ -45,6 +45,8 @@ def _parser() -> argparse.ArgumentParser:
                            help="namespace of the Events the agent records (default: $POD_NAMESPACE, else default)")
             s.add_argument("--metrics-addr", default=Settings.metrics_addr,
                            help="host:port of /healthz, /livez and /readyz")
+            s.add_argument("--take-over-legacy", action="store_true",
+                           help="remove the legacy kube-ovn table's objects for the identities the agent serves")
     sub.add_parser("show", help="print what the kernel holds, one block per identity")
     sub.add_parser("cleanup", help="remove everything the agent owns (its table); nothing else is touched")
     return p
@@ -66,8 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         print("natgw-agent: --gateway or GATEWAY_NAME is required", file=sys.stderr)
         return 2
     settings = Settings(gateway=args.gateway, from_dir=args.from_dir, kubeconfig=args.kubeconfig, table=args.table,
-                        **({"event_namespace": args.event_namespace, "metrics_addr": args.metrics_addr}
-                           if args.command == "run" else {}))
+                        **({"event_namespace": args.event_namespace, "metrics_addr": args.metrics_addr,
+                            "take_over_legacy": args.take_over_legacy} if args.command == "run" else {}))
     api = None if settings.from_dir is not None else _api_client(settings)
     source: Source = DirectorySource(settings.from_dir) if api is None else KubeSource(api)
     if args.command == "render":

@@ -54,6 +54,13 @@ class Nft:
         self._nft = backend
         self.transactions = 0  # batches sent that changed something (for tests and metrics)
 
+    def sibling(self, table: str) -> Nft:
+        """The same context on another table of the family (only for --take-over-legacy)."""
+        other = Nft.__new__(Nft)
+        other.__dict__.update(self.__dict__)
+        other.table = table
+        return other
+
     def generation(self) -> int:
         """The kernel's ruleset generation: it moves with every committed transaction, of
         any table, and not with packets filling dynamic sets. A stand-in backend counts

@@ -16,6 +16,7 @@ from agent import conntrack
 from agent.backoff import Backoff
 from agent.errors import ApplyError
 from agent.health import Health
+from agent.legacy import LEGACY_TABLE, takeover_commands
 from agent.model import Backend, Identity
 from agent.nft import Nft
 from agent.plan import plan, retire, stale_chains
@@ -87,6 +88,7 @@ class Reconciler:
         self._full = False
         self.reporter.report(self.state.errors, self.state.notes)
         commands = plan(self.mirror if change.whole else change.before, change.wanted, self.nft.family, self.nft.table)
+        commands += self._legacy_takeover()
         try:
             self._apply(commands)
         except ApplyError as err:
@@ -178,6 +180,12 @@ class Reconciler:
         self._usage.update(change.usage)
         self._usage = +self._usage  # drop the zeros
 
+    def _legacy_takeover(self) -> list[dict[str, Any]]:
+        if not self.settings.take_over_legacy:
+            return []
+        legacy = self.nft.sibling(LEGACY_TABLE).read()
+        return takeover_commands(legacy, (identity_key(i) for i in self.state.services), self.nft.family)
+
     def _apply(self, commands: list[dict[str, Any]]) -> None:
         if not commands:
             return
@@ -203,6 +211,9 @@ class Reconciler:
         drift = plan(kernel, self.mirror, self.nft.family, self.nft.table)
         if not drift:
             self._generation = generation  # someone else's table changed, not ours
+            if self._legacy_takeover():
+                log.info("legacy objects reappeared for identities the agent serves; taking over")
+                return True  # the next sync removes them
             return False
         log.warning("drift: the kernel differs from what the agent programmed; repairing",
                     commands=len(drift), generation=generation)

@@ -73,5 +73,9 @@ class Settings:
     """Capacity of each shared ClientIP affinity set (one per backend slot); when full,
     new clients are still balanced, only without stickiness."""
 
+    take_over_legacy: bool = False
+    """Remove the legacy `ip kube-ovn` table's objects for the identities the agent
+    programs, in the agent's own transaction (migration from nat-gateway.sh)."""
+
     conntrack: bool = True
     """Delete conntrack entries of removed identities (and UDP entries of removed backends)."""
