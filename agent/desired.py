@@ -141,6 +141,8 @@ class DesiredState:
         """Re-evaluate changed objects; returns the identities that may have changed."""
         rules: set[str] = set()
         for kind, name in changed:
+            if not name:
+                continue  # nameless objects are nobody's, as in rebuild()
             if kind == EIP_KIND:
                 copies = [o for o in catalog.named(EIP_KIND, name) if live(o)]
                 if copies:
@@ -233,6 +235,7 @@ class ListCatalog:
             self._named = defaultdict(list)
             for obj in self._objects:
                 meta = obj.get("metadata") if isinstance(obj, dict) else None
-                if isinstance(meta, dict) and isinstance(obj.get("kind"), str) and isinstance(meta.get("name"), str):
+                if isinstance(meta, dict) and isinstance(obj.get("kind"), str) and isinstance(meta.get("name"), str) \
+                        and meta["name"]:
                     self._named[(obj["kind"], meta["name"])].append(obj)
         return self._named.get((kind, name), [])

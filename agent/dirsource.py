@@ -104,7 +104,7 @@ class DirectorySource:
         try:
             text = path.read_text(encoding="utf-8")
             docs = [json.loads(text)] if name.endswith(".json") else list(yaml.safe_load_all(text))
-        except (OSError, ValueError, yaml.YAMLError) as err:
+        except (OSError, ValueError, yaml.YAMLError, RecursionError) as err:  # RecursionError: absurd nesting
             reason = str(err).splitlines()[0] if str(err) else type(err).__name__
             if self._failed.get(name) != reason:
                 log.error("cannot parse rules file; keeping its last good content", file=str(path), error=reason)
@@ -156,4 +156,4 @@ def _items(doc: Any) -> list[Any]:
 def _key(obj: Any) -> tuple[str, str] | None:
     meta = obj.get("metadata") if isinstance(obj, dict) else None
     kind, name = obj.get("kind") if isinstance(obj, dict) else None, meta.get("name") if isinstance(meta, dict) else None
-    return (kind, name) if isinstance(kind, str) and isinstance(name, str) else None
+    return (kind, name) if isinstance(kind, str) and isinstance(name, str) and name else None

@@ -63,10 +63,11 @@ class Inventory:
 
 @dataclass(frozen=True)
 class Eip:
-    """An IptablesEIP as far as ownership goes: its gateway and address (or why not)."""
+    """An IptablesEIP as far as ownership goes: the gateways it names (one, or several
+    when a directory defines the name twice) and its address (or why not)."""
 
     name: str
-    gateway: Any
+    gateways: frozenset[str]
     address: str | None
     error: RuleError | None
 
@@ -110,10 +111,16 @@ def live(obj: dict[str, Any]) -> bool:
 
 def eip_of(name: str, copies: list[dict[str, Any]]) -> Eip:
     if len(copies) > 1:
-        # Names are unique in the API; twice in a directory is ambiguous ownership.
-        return Eip(name, _spec(copies[0]).get("natGwDp"), None,
+        # Names are unique in the API; twice in a directory is ambiguous ownership, the
+        # same whichever copy comes first.
+        return Eip(name, frozenset().union(*(_gateways(c) for c in copies)), None,
                    RuleError(EIP_KIND, name, "metadata.name", "defined more than once"))
     return _parse_eip(name, copies[0])
+
+
+def _gateways(obj: dict[str, Any]) -> frozenset[str]:
+    gateway = _spec(obj).get("natGwDp")
+    return frozenset([gateway]) if isinstance(gateway, str) else frozenset()
 
 
 def eip_reference(obj: dict[str, Any]) -> str | None:
@@ -123,22 +130,31 @@ def eip_reference(obj: dict[str, Any]) -> str | None:
 
 
 def rule_of(name: str, copies: list[dict[str, Any]], eips: dict[str, Eip], gateway: str) -> Rule | RuleError | None:
-    """This gateway's share rule of that name: a Rule, a RuleError, or None if not ours."""
-    obj = copies[0]
-    spec = obj.get("spec")
-    if not isinstance(spec, dict) or spec.get("type") != "share":
-        return None
-    eip = eips.get(spec["eip"]) if isinstance(spec.get("eip"), str) else None
-    if eip is None or eip.gateway != gateway:
+    """This gateway's share rule of that name: a Rule, a RuleError, or None if not ours.
+
+    A name defined more than once (a directory can) is refused if any copy is ours, and
+    ignored if none is: the same answer whatever the order of the copies."""
+    owned = [(c, eip) for c in copies if (eip := _owner(c, eips, gateway)) is not None]
+    if not owned:
         return None  # ownership goes through the EIP; unresolved means not (yet) ours
+    obj, eip = owned[0]
     try:
         if len(copies) > 1:
             raise RuleError(RULE_KIND, name, "metadata.name", f"defined {len(copies)} times; none is used")
-        return _parse_rule(name, spec, eip)
+        return _parse_rule(name, obj["spec"], eip)
     except RuleError as err:
         meta = obj.get("metadata")
         uid, version = (str(meta.get("uid") or ""), str(meta.get("resourceVersion") or "")) if isinstance(meta, dict) else ("", "")
         return RuleError(err.kind, err.name, err.field, err.reason, uid, version)
+
+
+def _owner(obj: dict[str, Any], eips: dict[str, Eip], gateway: str) -> Eip | None:
+    """The EIP through which this rule object is a share rule of this gateway, if it is."""
+    spec = obj.get("spec")
+    if not isinstance(spec, dict) or spec.get("type") != "share" or not isinstance(spec.get("eip"), str):
+        return None
+    eip = eips.get(spec["eip"])
+    return eip if eip is not None and gateway in eip.gateways else None
 
 
 def _spec(obj: dict[str, Any]) -> dict[str, Any]:
@@ -155,15 +171,15 @@ def _name_of(obj: dict[str, Any]) -> str | None:
 def _parse_eip(name: str, obj: dict[str, Any]) -> Eip:
     spec = _spec(obj)
     status = obj.get("status") if isinstance(obj.get("status"), dict) else {}
-    gateway = spec.get("natGwDp")
+    gateways = _gateways(obj)
     try:
         if status.get("ip"):
             address = _ipv4(EIP_KIND, name, "status.ip", status.get("ip"))
         else:
             address = _ipv4(EIP_KIND, name, "spec.v4ip", spec.get("v4ip"))
-        return Eip(name, gateway, address, None)
+        return Eip(name, gateways, address, None)
     except RuleError as err:
-        return Eip(name, gateway, None, err)
+        return Eip(name, gateways, None, err)
 
 
 def _parse_rule(name: str, spec: dict[str, Any], eip: Eip) -> Rule:
