@@ -18,6 +18,7 @@ from agent.errors import ApplyError
 from agent.events import EventRecorder
 from agent.health import Health, serve
 from agent.kubesource import KubeSource
+from agent.metrics import Metrics
 from agent.nft import Nft
 from agent.plan import document, plan
 from agent.reconcile import Reconciler, Source, run_loop
@@ -128,8 +129,10 @@ def _run(settings: Settings, source: Source, api: ApiClient | None) -> int:
              source=str(settings.from_dir) if settings.from_dir else "kubernetes")
     events = EventRecorder(api, settings.event_namespace, host=settings.gateway) if api is not None else None
     health = Health(settings.healthz_stale_after, settings.livez_wedged_after)
+    metrics = Metrics()
+    metrics.serve_backend_counters(Nft("ip", settings.table).backend_counters)  # its own context: another thread
     try:
-        server = serve(health, settings.metrics_addr)
+        server = serve(health, settings.metrics_addr, metrics.registry)
     except OSError as err:  # a taken port must not keep the data plane from being programmed
         log.error("health endpoints unavailable", address=settings.metrics_addr, error=str(err))
         server = None
@@ -138,7 +141,7 @@ def _run(settings: Settings, source: Source, api: ApiClient | None) -> int:
     source.start()
     try:
         run_loop(settings, source, Reconciler(settings, Nft("ip", settings.table), reporter=Reporter(events, settings.gateway)),
-                 stop, health)
+                 stop, health, metrics)
     finally:
         source.stop()
         if events is not None:

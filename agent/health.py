@@ -1,4 +1,4 @@
-"""Health endpoints, kube-proxy's way: /healthz fails when a change has waited too long
+"""Health endpoints (and /metrics), kube-proxy's way: /healthz fails when a change has waited too long
 (or the agent cannot converge), /livez only when the loop is wedged, /readyz after the
 first full sync. JSON bodies say why."""
 from __future__ import annotations
@@ -8,6 +8,8 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 
 class Health:
@@ -57,13 +59,22 @@ class Health:
         return True, {"status": "ok"}
 
 
-def serve(health: Health, address: str) -> ThreadingHTTPServer:
-    """Serve the endpoints on host:port from a daemon thread; returns the server."""
+def serve(health: Health, address: str, registry: CollectorRegistry | None = None) -> ThreadingHTTPServer:
+    """Serve the endpoints (and /metrics, given a registry) on host:port from a daemon
+    thread; returns the server."""
     host, _, port = address.rpartition(":")
     routes = {"/healthz": health.healthz, "/livez": health.livez, "/readyz": health.readyz}
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            if self.path.split("?")[0] == "/metrics" and registry is not None:
+                data = generate_latest(registry)
+                self.send_response(200)
+                self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                return
             check = routes.get(self.path.split("?")[0])
             ok, body = check() if check else (False, {"status": "not found"})
             data = json.dumps(body).encode()

@@ -85,6 +85,30 @@ class Nft:
             raise ApplyError(rc, str(err), "list-table", 1)
         return from_listing(out if isinstance(out, dict) else json.loads(out))
 
+    def backend_counters(self) -> dict[tuple[str, str], tuple[int, int]]:
+        """{("eip:port/proto", "ip:port"): (packets, bytes)} from the per-backend element
+        counters of the addr_<slot> maps (their port from the matching port_<slot> map)."""
+        rc, out, err = self._nft.json_cmd({"nftables": [{"list": {"table": {"family": self.family, "name": self.table}}}]})
+        if rc != 0:
+            return {}
+        doc = out if isinstance(out, dict) else json.loads(out)
+        maps = {item["map"]["name"]: item["map"].get("elem", []) for item in doc.get("nftables", []) if "map" in item}
+        result: dict[tuple[str, str], tuple[int, int]] = {}
+        for name, elems in maps.items():
+            if not name.startswith("addr_"):
+                continue
+            ports = {tuple(k["concat"]): v for k, v in maps.get("port_" + name.removeprefix("addr_"), [])
+                     if isinstance(k, dict) and "concat" in k}
+            for key, address in elems:
+                elem = key.get("elem", {}) if isinstance(key, dict) else {}
+                concat = tuple(elem.get("val", key).get("concat", ())) if isinstance(elem.get("val", key), dict) else ()
+                counter = elem.get("counter") or {}
+                if len(concat) == 3 and concat in ports:
+                    eip, proto, port = concat
+                    result[(f"{eip}:{port}/{proto}", f"{address}:{ports[concat]}")] = (
+                        int(counter.get("packets", 0)), int(counter.get("bytes", 0)))
+        return result
+
     def set_elements(self, name: str) -> list[Key]:
         """Keys of a (dynamic) set's elements."""
         rc, out, err = self._nft.json_cmd({"nftables": [{"list": {"set": {"family": self.family, "table": self.table, "name": name}}}]})

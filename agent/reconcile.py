@@ -17,6 +17,7 @@ from agent.backoff import Backoff
 from agent.errors import ApplyError
 from agent.health import Health
 from agent.legacy import LEGACY_TABLE, takeover_commands
+from agent.metrics import Metrics
 from agent.model import Backend, Identity
 from agent.nft import Nft
 from agent.plan import plan, retire, stale_chains
@@ -33,6 +34,7 @@ FlowCleaner = Callable[[Identity, "Backend | None"], int]
 
 @dataclass(frozen=True)
 class SyncResult:
+    partial: bool  # only the changed identities were evaluated and planned
     commands: int  # commands sent in the one transaction (0: nothing was sent)
     identities: int
     backends: int
@@ -102,6 +104,7 @@ class Reconciler:
             self._retiring.setdefault(name, now)
         flows, affinity = self._cleanup(*_differing(change.before, change.wanted))
         result = SyncResult(
+            partial=not change.whole,
             commands=len(commands),
             identities=len(self.state.services),
             backends=self.state.backends,
@@ -110,7 +113,7 @@ class Reconciler:
             affinity_deleted=affinity,
         )
         if commands:
-            log.info("synced", partial=not change.whole, **result.__dict__)
+            log.info("synced", **result.__dict__)
         return result
 
     def _render_all(self) -> _Change:
@@ -332,13 +335,15 @@ class Source(Protocol):
 
 
 def run_loop(settings: Settings, source: Source, reconciler: Reconciler, stop: threading.Event,
-             health: Health | None = None) -> None:
+             health: Health | None = None, metrics: Metrics | None = None) -> None:
     """Poll the source, sync on change, retry failures with capped, jittered backoff and a
     full read-back, check for drift, resync periodically. Survives any exception from any
     stage: each is logged with its context and retried, never a silent thread death."""
     health = health or Health(settings.healthz_stale_after, settings.livez_wedged_after)
+    metrics = metrics or Metrics()
     backoff = Backoff(settings.retry_min, settings.retry_max)
     pending = True
+    queued_at = time.time()  # when the oldest change not yet in the kernel was seen
     retry_at = 0.0
     now = time.monotonic()
     resync_at = now + settings.resync_interval
@@ -347,44 +352,65 @@ def run_loop(settings: Settings, source: Source, reconciler: Reconciler, stop: t
         health.beat()
         now = time.monotonic()
         try:
-            pending |= source.poll()
+            if source.poll() and not pending:
+                pending, queued_at = True, time.time()
         except Exception:  # a source bug must not kill the data plane's keeper
             log.exception("source poll failed")
         if now >= resync_at:
             reconciler.request_full_sync()
             resync_at = now + settings.resync_interval
-            pending = True
+            pending, queued_at = True, queued_at if pending else time.time()
         if now >= drift_at and not pending:
             drift_at = now + settings.drift_interval
             try:
-                pending |= reconciler.check_drift()
+                if reconciler.check_drift():
+                    pending, queued_at = True, time.time()
             except Exception:
                 log.exception("drift check failed; resyncing")
                 reconciler.request_full_sync()
-                pending = True
+                pending, queued_at = True, time.time()
         if pending:
             health.pending()
+            metrics.last_queued.set(queued_at)
         if pending and source.ready and now >= retry_at:
+            started = time.monotonic()
             try:
-                reconciler.sync(source, source.take_changes())
+                result = reconciler.sync(source, source.take_changes())
                 pending = False
                 backoff.reset()
                 health.synced()
+                _record(metrics, reconciler, result, time.monotonic() - started, time.time() - queued_at)
             except ApplyError as err:
                 health.failed(str(err))
+                metrics.failures.inc()
                 delay = backoff.next()
                 log.error("apply failed; kernel unchanged, will read back and retry",
                           rc=err.rc, digest=err.digest, commands=err.commands, error=err.message, retry_in=round(delay, 2))
                 retry_at = now + delay
             except Exception as err:
                 health.failed(f"{type(err).__name__}: {err}")
+                metrics.failures.inc()
                 delay = backoff.next()
                 log.exception("sync failed; will read back and retry", retry_in=round(delay, 2))
                 retry_at = now + delay
             if pending:
                 reconciler.request_full_sync()
+        if hasattr(source, "restarts"):
+            metrics.watch_counts(source.restarts, source.relists)  # type: ignore[attr-defined]
         try:
             reconciler.retire_chains()
         except Exception:
             log.exception("retiring chains failed")
         stop.wait(settings.poll_interval)
+
+
+def _record(metrics: Metrics, reconciler: Reconciler, result: SyncResult, took: float, waited: float) -> None:
+    metrics.sync_duration.labels("partial" if result.partial else "full").observe(took)
+    metrics.last_sync.set(time.time())
+    if result.commands:
+        metrics.programming.observe(waited)
+    metrics.identities.set(result.identities)
+    metrics.backends.set(result.backends)
+    metrics.set_invalid(reconciler.state.errors)
+    if result.flows_deleted:
+        metrics.conntrack_deleted.inc(result.flows_deleted)

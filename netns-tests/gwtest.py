@@ -141,3 +141,21 @@ def program(agent: Agent, *docs: dict[str, Any], identities: int) -> None:
     """Replace the agent's rules with these (and the EIP) and wait until the kernel has them."""
     write_rules(agent.rules_dir, "rules.yaml", yaml_docs(eip_doc(), *docs))
     agent.wait_services(identities)
+
+
+def http_get(lab: Lab, path: str) -> tuple[int, str]:
+    """GET the agent's http endpoint from inside the gateway namespace, as the kubelet or
+    Prometheus would."""
+    code = ("import urllib.request, urllib.error\n"
+            f"try:\n r = urllib.request.urlopen('http://127.0.0.1:10299{path}', timeout=5)\n"
+            " print(r.status); print(r.read().decode())\n"
+            "except urllib.error.HTTPError as e:\n print(e.code); print(e.read().decode())\n")
+    out = lab.run_in(lab.gw_ns, [sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    status, _, body = out.partition("\n")
+    return int(status), body
+
+
+def probe(lab: Lab, path: str) -> tuple[int, str]:
+    """A health endpoint's status code and JSON status word."""
+    status, body = http_get(lab, path)
+    return status, json.loads(body)["status"]

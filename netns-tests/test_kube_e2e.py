@@ -4,7 +4,6 @@ traffic shows what it programmed."""
 from __future__ import annotations
 
 import socket
-import sys
 import time
 from pathlib import Path
 from typing import Iterator
@@ -13,7 +12,7 @@ import pytest
 import yaml
 from pyroute2.netns import create_socket
 
-from gwtest import BACKENDS, EIP, Agent, eip_doc, rule_doc, run_agent, wait_for
+from gwtest import BACKENDS, EIP, Agent, eip_doc, probe, rule_doc, run_agent, wait_for
 from tests.kubefake import FakeKube
 
 API_PORT = 16443
@@ -68,14 +67,3 @@ def test_rule_created_through_the_api_carries_traffic_and_its_deletion_stops_it(
     kube_agent.wait_services(0)
     assert lab.tcp_connect(EIP, 80, 3, timeout=0.5)["failed"] == 3
     assert any(r.verb == "watch" for r in fake_api.requests)
-
-
-def probe(lab, path: str) -> tuple[int, str]:
-    """GET a health endpoint from inside the gateway namespace, as the kubelet would."""
-    code = ("import json, urllib.request, urllib.error\n"
-            f"try:\n r = urllib.request.urlopen('http://127.0.0.1:10299{path}', timeout=2)\n"
-            " print(r.status, json.load(r)['status'])\n"
-            "except urllib.error.HTTPError as e:\n print(e.code, json.load(e)['status'])\n")
-    out = lab.run_in(lab.gw_ns, [sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    status, text = out.split(maxsplit=1)
-    return int(status), text.strip()
