@@ -26,7 +26,8 @@ from agent.render import render
 from agent.report import Reporter, evaluate
 from agent.ruleset import EMPTY
 from agent.settings import Settings
-from agent.show import format_show
+from agent.nfttext import to_text
+from agent.show import format_show, inspect
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,11 +37,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--table", default=Settings.table, help="the nftables table (family ip) the agent owns")
     sub = p.add_subparsers(dest="command", required=True)
     for name, text in (("run", "program and keep programming the gateway"),
-                       ("render", "print the desired state as the nft JSON it would send, touching nothing")):
+                       ("render", "print the desired state as the nft JSON it would send, touching nothing"),
+                       ("diff", "print what differs between the desired state and the kernel; exit 1 if anything")):
         s = sub.add_parser(name, help=text)
         s.add_argument("--gateway", default=os.environ.get("GATEWAY_NAME", ""), help="gateway name (default: $GATEWAY_NAME)")
         s.add_argument("--from-dir", type=Path, help="read rules from this directory instead of the Kubernetes API")
         s.add_argument("--kubeconfig", type=Path, help="kubeconfig for the API (default: in-cluster service account)")
+        if name == "render":
+            s.add_argument("--text", action="store_true",
+                           help="print nft text, as the kernel would list it (root: uses a private namespace)")
         if name == "run":
             s.add_argument("--event-namespace", default=os.environ.get("POD_NAMESPACE") or Settings.event_namespace,
                            help="namespace of the Events the agent records (default: $POD_NAMESPACE, else default)")
@@ -48,7 +53,9 @@ def _parser() -> argparse.ArgumentParser:
                            help="host:port of /healthz, /livez and /readyz")
             s.add_argument("--take-over-legacy", action="store_true",
                            help="remove the legacy kube-ovn table's objects for the identities the agent serves")
-    sub.add_parser("show", help="print what the kernel holds, one block per identity")
+    show = sub.add_parser("show", help="print what the kernel holds, one block per identity")
+    show.add_argument("--json", action="store_true", help="machine-readable output")
+    show.add_argument("--identity", help="only this identity, as EIP:PORT/PROTO (e.g. 172.18.0.10:80/tcp)")
     sub.add_parser("cleanup", help="remove everything the agent owns (its table); nothing else is touched")
     return p
 
@@ -58,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     logsetup.configure(args.log_format, args.log_level)
     if args.command == "show":
         try:
-            sys.stdout.write(format_show(Nft("ip", args.table).read()))
+            sys.stdout.write(format_show(inspect(Nft("ip", args.table), args.identity), args.json))
         except ApplyError as err:
             print(f"natgw-agent: cannot read the table: {err.message}", file=sys.stderr)
             return 1
@@ -73,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
                             "take_over_legacy": args.take_over_legacy} if args.command == "run" else {}))
     api = None if settings.from_dir is not None else _api_client(settings)
     source: Source = DirectorySource(settings.from_dir) if api is None else KubeSource(api)
-    if args.command == "render":
-        return _render(settings, source, wait=0 if api is None else 30)
+    if args.command in ("render", "diff"):
+        return _render(settings, source, wait=0 if api is None else 30, mode=args.command, text=getattr(args, "text", False))
     return _run(settings, source, api)
 
 
@@ -104,7 +111,7 @@ def _api_client(settings: Settings) -> ApiClient:
     return ApiClient(configuration)
 
 
-def _render(settings: Settings, source: Source, wait: float) -> int:
+def _render(settings: Settings, source: Source, wait: float, mode: str, text: bool) -> int:
     source.start()
     deadline = time.monotonic() + wait
     while not (source.poll() or source.ready) and time.monotonic() < deadline:
@@ -114,8 +121,23 @@ def _render(settings: Settings, source: Source, wait: float) -> int:
         print(f"natgw-agent: could not read the rules (waited {wait:.0f}s)", file=sys.stderr)
         return 1
     desired, _ = evaluate(source.objects(), settings, Reporter())
+    if mode == "diff":
+        # Against the kernel, with the kernel's slots: exactly what a sync would send now.
+        nft = Nft("ip", settings.table)
+        kernel = nft.read()
+        wanted = render(desired.services, kernel or EMPTY, settings.affinity_set_size, settings.priority)
+        commands = plan(kernel, wanted, "ip", settings.table)
+        sys.stdout.write(document(commands) if commands else "")
+        return 1 if commands else 0
     wanted = render(desired.services, EMPTY, settings.affinity_set_size, settings.priority)
-    sys.stdout.write(document(plan(None, wanted, "ip", settings.table)))
+    doc = document(plan(None, wanted, "ip", settings.table))
+    if text:
+        try:
+            doc = to_text(doc)
+        except (RuntimeError, OSError) as err:
+            print(f"natgw-agent: render --text needs root (a private network namespace): {err}", file=sys.stderr)
+            return 1
+    sys.stdout.write(doc)
     return 0
 
 

@@ -1,33 +1,85 @@
 """`natgw-agent show`: the data plane as the kernel holds it (read back, not from memory),
-one block per identity."""
+one block per identity, with per-backend counters and pinned-client counts."""
 from __future__ import annotations
 
-from agent.model import Backend
-from agent.render import SERVICES, addr_map, key_identity, parse_target, slots_of
+import json
+from collections import Counter
+from typing import Any
+
+from agent.model import Backend, Identity
+from agent.nft import Nft
+from agent.render import SERVICES, addr_map, affinity_set, key_identity, parse_target, slots_of
 from agent.ruleset import Ruleset
 
 
-def format_show(ruleset: Ruleset | None) -> str:
+def inspect(nft: Nft, only: str | None = None) -> list[dict[str, Any]] | None:
+    """Every identity the kernel serves (or the one named `only`, as EIP:PORT/PROTO), with
+    its backends, their slots, counters and pinned clients; None if there is no table."""
+    ruleset = nft.read()
     if ruleset is None:
-        return "no natgw table: the agent has programmed nothing in this namespace\n"
+        return None
+    counters = nft.backend_counters()
+    pinned = _pinned(nft, ruleset)
     slots = slots_of(ruleset)
-    blocks: list[str] = []
+    found = []
     for key, elem in sorted(ruleset.elements.get(SERVICES, {}).items(), key=lambda kv: key_identity(kv[0])):
         identity = key_identity(key)
+        if only is not None and str(identity) != only:
+            continue
         target = elem.value.get("goto", {}).get("target", "?") if isinstance(elem.value, dict) else "?"
         parsed = parse_target(target)
-        if parsed is None:
-            mode = f"unknown target {target}"
-        elif parsed[0]:
-            mode = f"affinity ClientIP timeout {parsed[1]}s"
+        held: dict[Backend, int] = slots.get(identity, {})
+        found.append({
+            "identity": str(identity),
+            "affinity": None if parsed is None else ("ClientIP" if parsed[0] else "None"),
+            "timeout": parsed[1] if parsed and parsed[0] else None,
+            "chain": target,
+            "rules": (elem.comment or "").split(",") if elem.comment else [],
+            "backends": [
+                {"backend": str(backend), "slot": slot,
+                 "rules": (ruleset.elements[addr_map(slot)][key].comment or "").split(","),
+                 "packets": counters.get((str(identity), str(backend)), (0, 0))[0],
+                 "bytes": counters.get((str(identity), str(backend)), (0, 0))[1],
+                 "pinned_clients": pinned.get((identity, slot), 0) if parsed and parsed[0] else None}
+                for backend, slot in sorted(held.items(), key=lambda kv: kv[1])
+            ],
+        })
+    return found
+
+
+def _pinned(nft: Nft, ruleset: Ruleset) -> Counter[tuple[Identity, int]]:
+    """Live affinity entries per (identity, slot)."""
+    pinned: Counter[tuple[Identity, int]] = Counter()
+    for name in ruleset.sets:
+        if name.startswith("aff_"):
+            slot = int(name.removeprefix("aff_"))
+            for key in nft.set_elements(affinity_set(slot)):
+                if len(key) == 4:
+                    pinned[(key_identity(tuple(key[1:])), slot)] += 1
+    return pinned
+
+
+def format_show(found: list[dict[str, Any]] | None, as_json: bool = False) -> str:
+    if as_json:
+        return json.dumps(found, indent=2) + "\n"
+    if found is None:
+        return "no natgw table: the agent has programmed nothing in this namespace\n"
+    blocks: list[str] = []
+    for ident in found:
+        if ident["affinity"] is None:
+            mode = f"unknown target {ident['chain']}"
+        elif ident["affinity"] == "ClientIP":
+            mode = f"affinity ClientIP timeout {ident['timeout']}s"
         else:
             mode = "affinity none (random)"
-        held: dict[Backend, int] = slots.get(identity, {})
-        lines = [f"{identity}  {mode}", f"  rules: {elem.comment or '-'}"]
-        if not held:
+        lines = [f"{ident['identity']}  {mode}", f"  rules: {','.join(ident['rules']) or '-'}"]
+        if not ident["backends"]:
             lines.append("  backends: none")
-        for backend, slot in sorted(held.items(), key=lambda kv: kv[1]):
-            comment = ruleset.elements[addr_map(slot)][key].comment or "-"
-            lines.append(f"  -> {backend}  slot {slot}  rules: {comment}")
+        total = sum(b["packets"] for b in ident["backends"]) or 1
+        for b in ident["backends"]:
+            share = f"{100 * b['packets'] / total:.0f}%"
+            pins = "" if b["pinned_clients"] is None else f"  pinned clients {b['pinned_clients']}"
+            lines.append(f"  -> {b['backend']}  slot {b['slot']}  rules: {','.join(b['rules']) or '-'}"
+                         f"  new connections {b['packets']} ({share}){pins}")
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) + "\n" if blocks else "no identities programmed\n"

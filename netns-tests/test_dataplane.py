@@ -119,7 +119,42 @@ def test_show_reads_the_kernel(lab, agent):
     assert f"{EIP}:80/tcp  affinity none (random)" in out
     assert f"{EIP}:443/tcp  affinity ClientIP timeout 600s" in out
     assert "rules: app-b1,app-b2,app-b3" in out
-    assert "-> 10.0.1.12:9090  slot 1  rules: app-b2" in out
+    assert "-> 10.0.1.12:9090  slot 1  rules: app-b2  new connections 0 (0%)  pinned clients 0" in out
+
+
+def test_show_counts_connections_and_pinned_clients_as_json_and_filters(lab, agent):
+    program(agent, *WEB, *APP, identities=2)
+    sticky = lab.tcp_connect(EIP, 443, 20, sources=CLIENTS[:10])
+    assert sticky["failed"] == 0
+    argv = [*agent_cmd(), "show", "--json", "--identity", f"{EIP}:443/tcp"]
+    (shown,) = json.loads(lab.run_in(lab.gw_ns, argv, capture_output=True, text=True, cwd=ROOT, check=True).stdout)
+    assert shown["identity"] == f"{EIP}:443/tcp" and shown["affinity"] == "ClientIP" and shown["timeout"] == 600
+    by_ip = {b["backend"].split(":")[0]: b for b in shown["backends"]}
+    for name, ip in BACKENDS.items():
+        clients = [c for c, per in sticky["by_source"].items() if sum(per.values()) and per.get(name)]
+        assert by_ip[ip]["pinned_clients"] == len(clients), name  # one entry per pinned client
+        assert by_ip[ip]["packets"] == sticky["by_backend"][name], name  # one first packet per connection
+    assert sum(b["pinned_clients"] for b in shown["backends"]) == 10
+
+
+def test_diff_is_empty_when_converged_and_shows_drift(lab, agent):
+    program(agent, *WEB, identities=1)
+    argv = [*agent_cmd(), "diff", "--gateway", "gw1", "--from-dir", str(agent.rules_dir)]
+    converged = lab.run_in(lab.gw_ns, argv, capture_output=True, text=True, cwd=ROOT)
+    assert (converged.returncode, converged.stdout) == (0, "")
+    assert agent.stop() == 0  # no one to repair it
+    agent.nft("delete", "element", "ip", "natgw", "addr_1", f"{{ {EIP} . tcp . 80 }}")
+    drift = lab.run_in(lab.gw_ns, argv, capture_output=True, text=True, cwd=ROOT)
+    assert drift.returncode == 1
+    (command,) = json.loads(drift.stdout)["nftables"]  # exactly the missing element, back
+    assert command["add"]["element"]["name"] == "addr_1"
+
+
+def test_render_text_is_the_kernels_own_listing(lab):
+    argv = [*agent_cmd(), "render", "--text", "--gateway", "gw1", "--from-dir", str(ROOT / "examples")]
+    out = lab.run_in(lab.gw_ns, argv, capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    assert out == (ROOT / "rulesets" / "examples.nft").read_text()  # the golden listing taken from the kernel
+    assert lab.run_in(lab.gw_ns, ["nft", "list", "tables"], capture_output=True, text=True).stdout == ""
 
 
 def test_sigterm_leaves_rules_and_restart_sends_nothing(lab, agent):

@@ -1,0 +1,40 @@
+"""`render --text`: the nft text of a JSON document as the kernel itself would print it.
+
+Run in a private, empty network namespace (`unshare --net`): the document is applied
+there and listed back, so the text is exactly what `nft list table` will show once the
+agent applies it, and nothing of the caller's namespace is touched."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def to_text(document: str) -> str:
+    """The kernel's text for this JSON document (needs root for the private namespace)."""
+    done = subprocess.run(["unshare", "--net", sys.executable, "-m", "agent.nfttext"], input=document,
+                          capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr.strip() or "unshare failed")
+    return done.stdout
+
+
+def _main() -> int:
+    import nftables
+
+    doc = json.loads(sys.stdin.read())
+    nft = nftables.Nftables()
+    rc, _, err = nft.json_cmd(doc)
+    if rc != 0:
+        print(err, file=sys.stderr)
+        return 1
+    table = next(c["add"]["table"] for c in doc["nftables"] if "table" in c.get("add", {}))
+    nft.set_json_output(False)
+    nft.set_stateless_output(True)  # no counter values: the same text before and after traffic
+    rc, out, err = nft.cmd(f"list table {table['family']} {table['name']}")
+    sys.stdout.write(out)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(_main())
