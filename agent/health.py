@@ -11,15 +11,19 @@ from typing import Any, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from agent.sdnotify import Notifier
+
 
 class Health:
     """Updated by the reconcile loop; read by the HTTP handlers (thread-safe enough: each
     field is one reference assignment)."""
 
-    def __init__(self, stale_after: float, wedged_after: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, stale_after: float, wedged_after: float, clock: Callable[[], float] = time.monotonic,
+                 notifier: Notifier | None = None) -> None:
         self.stale_after = stale_after
         self.wedged_after = wedged_after
         self._clock = clock
+        self._notifier = notifier or Notifier()
         self.synced_once = False
         self.pending_since: float | None = None  # oldest change not yet in the kernel
         self.last_error: str | None = None
@@ -27,12 +31,14 @@ class Health:
 
     def beat(self) -> None:
         self.heartbeat = self._clock()
+        self._notifier.watchdog()
 
     def pending(self) -> None:
         if self.pending_since is None:
             self.pending_since = self._clock()
 
     def synced(self) -> None:
+        self._notifier.ready()
         self.synced_once = True
         self.pending_since = None
         self.last_error = None

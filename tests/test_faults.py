@@ -144,3 +144,46 @@ def test_backoff_doubles_with_jitter_up_to_its_cap() -> None:
     assert all(base * 0.5 <= d <= base for d, base in zip(delays, bases)), delays
     backoff.reset()
     assert 0.25 <= backoff.next() <= 0.5
+
+
+def test_health_endpoints_transitions() -> None:
+    now = [100.0]
+    health = Health(stale_after=60, wedged_after=30, clock=lambda: now[0])
+    assert health.readyz() == (False, {"status": "not ready", "reason": "no full sync yet"})
+    health.pending()
+    now[0] += 61
+    ok, body = health.healthz()
+    assert not ok and "waited 61.0s" in body["reason"]
+    health.synced()
+    assert health.healthz()[0] and health.readyz()[0]
+    health.beat()
+    now[0] += 31
+    ok, body = health.livez()
+    assert not ok and body["status"] == "wedged"
+    health.beat()
+    assert health.livez()[0]
+
+
+def test_systemd_notify_ready_after_first_sync_and_watchdog(tmp_path) -> None:
+    import socket
+
+    from agent.sdnotify import Notifier
+
+    path = str(tmp_path / "notify")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(path)
+        sock.settimeout(2)
+        notifier = Notifier({"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "2000000"})
+        health = Health(60, 30, notifier=notifier)
+        health.beat()
+        assert sock.recv(100) == b"WATCHDOG=1"
+        health.beat()  # within half the watchdog period: not sent again
+        health.synced()
+        assert sock.recv(100) == b"READY=1\nSTATUS=programmed"
+        health.synced()  # only once
+        sock.settimeout(0.2)
+        try:
+            extra = sock.recv(100)
+        except socket.timeout:
+            extra = b""
+        assert extra == b""

@@ -24,6 +24,7 @@ def test_systemd_unit_verifies(tmp_path: Path) -> None:
     assert done.returncode == 0 and done.stderr == "", done.stderr
     text = unit.read_text()
     assert "Restart=on-failure" in text and "CapabilityBoundingSet=CAP_NET_ADMIN" in text
+    assert "Type=notify" in text and "WatchdogSec=" in text
     assert "--from-dir" in text
 
 
