@@ -118,23 +118,21 @@ class DirectorySource:
         return True
 
     def _replace(self, file: str, objects: list[Any]) -> None:
-        """Swap one file's objects, keeping the by-name index and the change set."""
-        for obj in self._objects.pop(file, []):
-            key = _key(obj)
-            if key is not None:
-                copies = [o for o in self._named.get(key, []) if o is not obj]
-                if copies:
-                    self._named[key] = copies
-                else:
-                    self._named.pop(key, None)
+        """Swap one file's objects, keeping the by-name index, and note only the names
+        whose objects really changed: one edited rule in a file of thousands is one change."""
+        old = _by_key(self._objects.pop(file, []))
+        new = _by_key(objects)
+        for key in old.keys() | new.keys():
+            before, after = old.get(key, []), new.get(key, [])
+            copies = [o for o in self._named.get(key, []) if not any(o is b for b in before)] + after
+            if copies:
+                self._named[key] = copies
+            else:
+                self._named.pop(key, None)
+            if before != after:
                 self._note(key)
         if objects:
             self._objects[file] = objects
-        for obj in objects:
-            key = _key(obj)
-            if key is not None:
-                self._named.setdefault(key, []).append(obj)
-                self._note(key)
 
     def _note(self, key: tuple[str, str]) -> None:
         if self._changes is not None:
@@ -157,3 +155,12 @@ def _key(obj: Any) -> tuple[str, str] | None:
     meta = obj.get("metadata") if isinstance(obj, dict) else None
     kind, name = obj.get("kind") if isinstance(obj, dict) else None, meta.get("name") if isinstance(meta, dict) else None
     return (kind, name) if isinstance(kind, str) and isinstance(name, str) and name else None
+
+
+def _by_key(objects: list[Any]) -> dict[tuple[str, str], list[Any]]:
+    found: dict[tuple[str, str], list[Any]] = {}
+    for obj in objects:
+        key = _key(obj)
+        if key is not None:
+            found.setdefault(key, []).append(obj)
+    return found

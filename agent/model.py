@@ -137,10 +137,10 @@ def rule_of(name: str, copies: list[dict[str, Any]], eips: dict[str, Eip], gatew
     owned = [(c, eip) for c in copies if (eip := _owner(c, eips, gateway)) is not None]
     if not owned:
         return None  # ownership goes through the EIP; unresolved means not (yet) ours
+    if len(copies) > 1:  # no one copy to point at: no uid, no version
+        return RuleError(RULE_KIND, name, "metadata.name", f"defined {len(copies)} times; none is used")
     obj, eip = owned[0]
     try:
-        if len(copies) > 1:
-            raise RuleError(RULE_KIND, name, "metadata.name", f"defined {len(copies)} times; none is used")
         return _parse_rule(name, obj["spec"], eip)
     except RuleError as err:
         meta = obj.get("metadata")

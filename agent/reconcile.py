@@ -98,6 +98,8 @@ class Reconciler:
             self.reporter.apply_failed(err)
             raise
         self.reporter.apply_succeeded()
+        if commands:
+            log.debug("transaction", commands=commands)  # the whole batch, only with --log-level debug
         self._commit(change)
         now = time.monotonic()
         for name in stale_chains(change.before, change.wanted):

@@ -7,6 +7,10 @@ from typing import Any
 
 import pytest
 
+from agent import log as logsetup
+
+logsetup.configure("console", "info")  # the agent's level: no per-transaction debug dumps
+
 ROOT = Path(__file__).resolve().parent.parent
 UPDATE_GOLDEN = os.environ.get("UPDATE_GOLDEN") == "1"
 

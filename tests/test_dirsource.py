@@ -440,3 +440,22 @@ def test_not_ready_until_the_directory_could_be_read(tmp_path: Path) -> None:
     assert source.poll() is False and not source.ready
     rules.mkdir()
     assert source.poll() is False and source.ready  # an empty directory is a real "no rules"
+
+
+def test_one_edited_rule_in_a_big_file_is_one_change(tmp_path: Path) -> None:
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    write(rules / "eip.yaml", EIP_YAML)
+    many = [rule_yaml(f"web-{i}", str(1000 + i)) for i in range(200)]
+    write(rules / "web.yaml", "---\n".join(many))
+    source = DirectorySource(rules)
+    assert source.poll() is True and source.take_changes() is None  # first: everything
+    many[57] = rule_yaml("web-57", "1057", backend="10.0.1.99")
+    write(rules / "web.yaml", "---\n".join(many))
+    assert poll(source) is True
+    assert source.take_changes() == {("IptablesDnatRule", "web-57")}
+    assert source.named("IptablesDnatRule", "web-57")[0]["spec"]["internalIp"] == "10.0.1.99"
+    write(rules / "web.yaml", "---\n".join(many[:100]))
+    poll(source)
+    assert source.take_changes() == {("IptablesDnatRule", f"web-{i}") for i in range(100, 200)}
+    assert source.named("IptablesDnatRule", "web-150") == []
