@@ -2,10 +2,10 @@
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
-APT_PACKAGES := nftables python3-nftables python3-venv conntrack iproute2 iptables systemd
+APT_PACKAGES := nftables python3-nftables python3-venv conntrack iproute2 iptables systemd util-linux
 STAMP := $(VENV)/.installed
 
-.PHONY: deps run test unit netns clean
+.PHONY: deps run test unit netns bench clean
 
 # Debian packages (the nftables binding is only packaged by the distro), then a virtualenv
 # made from the distro Python with system site packages so it sees that binding.
@@ -25,13 +25,18 @@ run: deps
 	$(PY) -m agent.demo
 
 test: deps
-	$(PY) -m pytest tests netns-tests
+	$(PY) -m pytest tests netns-tests bench/test_quick.py
 
 unit: deps
 	$(PY) -m pytest tests
 
 netns: deps
 	$(PY) -m pytest netns-tests
+
+# The side-by-side benchmark (legacy script, kube-proxy style, the agent; data plane vs an
+# iptables chain): about 10 minutes; writes BENCHMARKS.md and benchmarks-sync.png.
+bench: deps
+	$(PY) -m bench.run
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -1,0 +1,142 @@
+"""The benchmark's quick mode, run for real (root, network namespaces): asserts that what
+it measured is what it claims to measure. Never asserts a time."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import identities as ids_mod
+from bench import kubeproxy, legacy
+from bench.netns import REPO, child_env
+from bench.run import QUICK
+from bench.sync import FULL_COUNT_MAX_SETS, MAX_CHANGE_COMMANDS
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path, int]:
+    assert os.geteuid() == 0, "the benchmark needs root (network namespaces, nftables)"
+    out = tmp_path_factory.mktemp("bench")
+    raw = out / "results.json"
+    proc = subprocess.Popen([sys.executable, "-m", "bench.run", "--quick", "--out", str(out), "--json", str(raw)],
+                            cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()  # it deletes its namespaces on SIGTERM
+            proc.wait(30)
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    return json.loads(raw.read_text()), out, proc.pid
+
+
+def _one(rows: list[dict[str, Any]], n: int, affinity: bool) -> dict[str, Any]:
+    found = [r for r in rows if r["n"] == n and r["affinity"] == affinity]
+    assert len(found) == 1, (n, affinity, rows)
+    return found[0]
+
+
+@pytest.mark.parametrize("affinity", [False, True])
+def test_legacy_and_kubeproxy_tables_hold_what_they_must(quick: tuple[dict[str, Any], Path, int], affinity: bool) -> None:
+    res, _, _ = quick
+    for n in QUICK.sizes:
+        for rows, module in ((res["legacy"], legacy), (res["kubeproxy"], kubeproxy)):
+            r = _one(rows, n, affinity)
+            expected = module.expected_objects(n, affinity, ids_mod.BACKENDS)
+            assert expected["sets"] <= FULL_COUNT_MAX_SETS  # quick sizes are counted in full
+            assert r["check"]["got"] == expected, (module.__name__, n, affinity)
+        assert _one(res["legacy"], n, affinity)["processes"] == n  # one nft process per identity
+        assert _one(res["kubeproxy"], n, affinity)["processes"] == 1
+    assert not res["legacy_extrapolated"]  # quick mode measures every legacy size
+
+
+@pytest.mark.parametrize("affinity", [False, True])
+def test_changes_lead_to_the_new_backend_only(quick: tuple[dict[str, Any], Path, int], affinity: bool) -> None:
+    res, _, _ = quick
+    for n in QUICK.change_sizes:
+        for rows in (res["legacy"], res["kubeproxy"]):
+            change = _one(rows, n, affinity)["change"]
+            assert change["present"] == n and change["processes"] == 1
+            check = change["check"]
+            assert (check["ok"], check["new_backend_in_chain"], check["old_backend_in_chain"]) == (True, True, False), check
+
+
+@pytest.mark.parametrize("affinity", [False, True])
+def test_agent_synced_everything_then_nothing_then_one_identity(quick: tuple[dict[str, Any], Path, int], affinity: bool) -> None:
+    res, _, _ = quick
+    for n in QUICK.sizes:
+        a = _one(res["agent"], n, affinity)
+        assert "error" not in a, a.get("error")
+        assert a["objects"] == n * ids_mod.BACKENDS + len({x.eip for x in ids_mod.identities(n, affinity)})
+        assert a["sync"] == {"commands": a["sync"]["commands"], "identities": n, "backends": n * ids_mod.BACKENDS, "invalid": 0}
+        assert a["sync"]["commands"] > 0
+        assert a["kernel"] == {"identities": n, "backends": n * ids_mod.BACKENDS}
+        assert a["noop_commands"] == 0
+        assert 0 < a["change"]["commands"] <= MAX_CHANGE_COMMANDS
+        assert a["change"]["identities"] == n and a["change"]["backends"] == n * ids_mod.BACKENDS
+        ck = a["change_kernel"]
+        assert ck["changed_backends"] == ck["expected_backends"]
+        assert ids_mod.CHANGED_IP in ck["changed_backends"]
+        assert ck["identities"] == n and ck["backends"] == n * ids_mod.BACKENDS
+        assert True in a["change_polls"]  # the rewritten file was read
+        if a["incremental_api"]:  # the run loop's path: sync(source, source.take_changes())
+            assert a["noop_loop_commands"] == 0
+            loop = a["change_loop"]
+            assert 0 < loop["result"]["commands"] <= MAX_CHANGE_COMMANDS
+            assert loop["kernel"]["changed_backends"] == loop["kernel"]["expected_backends"]
+            assert ids_mod.CHANGED_IP_2 in loop["kernel"]["changed_backends"]
+            assert loop["kernel"]["identities"] == n and loop["kernel"]["backends"] == n * ids_mod.BACKENDS
+        assert a["show_rc"] == 0 and a["show_identities"] == n and a["show_backends"] == n * ids_mod.BACKENDS
+        assert a["rss_peak_kib"] > 0
+        assert a["check"]["ok"]
+
+
+def test_every_data_plane_connection_was_answered_by_a_backend_of_the_identity(quick: tuple[dict[str, Any], Path, int]) -> None:
+    res, _, _ = quick
+    cases = {(d["kind"], d["n"]): d for d in res["dataplane"]}
+    assert set(cases) == {(k, n) for k in QUICK.dp_kinds for n in QUICK.dp_sizes}
+    for (kind, n), d in cases.items():
+        assert d["errors"] == 0, d["error_samples"]
+        assert d["runs"] == QUICK.dp_runs
+        assert d["connections"] == QUICK.dp_runs * QUICK.dp_connections
+        assert sum(d["answers"].values()) == d["connections"]
+        assert d["unexpected"] == []
+        target = ids_mod.identities(n, False)[n - 1]
+        backends = {ip for ip, _ in target.backends}
+        if kind.startswith("iptables"):
+            assert set(d["answers"]) == {target.backends[0][0]}  # 1:1 DNAT, the exclusive path
+            assert d["setup"]["identities"] == n and d["setup"]["target_is_last"]
+        elif kind == "agent-clientip":
+            assert len(d["answers"]) == 1 and set(d["answers"]) <= backends  # one client: pinned
+            assert d["setup"]["identities"] == n and d["setup"]["rules_or_backends"] == n * ids_mod.BACKENDS
+        else:
+            assert set(d["answers"]) == backends  # spread over all four
+            assert d["setup"]["identities"] == n and d["setup"]["rules_or_backends"] == n * ids_mod.BACKENDS
+
+
+def test_report_files_hold_every_table(quick: tuple[dict[str, Any], Path, int]) -> None:
+    res, out, _ = quick
+    md = (out / "BENCHMARKS.md").read_text()
+    png = (out / "benchmarks-sync.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
+    for heading in ("**Machine:**", "## Method", "## Full sync", "### Stateless", "### ClientIP",
+                    "## One identity's backend change", "## Agent details", "## Data plane", "Side by side",
+                    "## Correctness checks", "![full sync times](benchmarks-sync.png)"):
+        assert heading in md, heading
+    for n in QUICK.sizes:
+        assert f"\n| {n:,} | " in md
+    for n in QUICK.dp_sizes:
+        assert f"{n:,} identities: median" in md
+    assert " 0 failed." in md and "FAILED" not in md
+    assert "iptables-legacy" in md and "n/a" not in md.split("## Data plane")[1]
+
+
+def test_no_namespace_left_behind(quick: tuple[dict[str, Any], Path, int]) -> None:
+    _, _, pid = quick
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    assert [line for line in listed.splitlines() if line.startswith(f"nb{pid}-")] == []
