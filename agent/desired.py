@@ -110,7 +110,7 @@ class DesiredState:
         self._eips: dict[str, Eip] = {}
         self._results: dict[str, Rule | RuleError] = {}  # this gateway's rules, valid or not
         self._invalid: dict[str, RuleError] = {}  # the RuleErrors among them
-        self._refers: dict[str, str] = {}  # rule name -> EIP name it points at (any gateway)
+        self._refers: dict[str, set[str]] = {}  # rule name -> EIP names its copies point at (any gateway)
         self._referrers: dict[str, set[str]] = defaultdict(set)  # EIP name -> rule names
         self._members: dict[Identity, set[str]] = defaultdict(set)  # identity -> valid rule names
         self._refused: dict[Identity, list[RuleError]] = {}
@@ -168,13 +168,16 @@ class DesiredState:
         self._invalid.pop(name, None)
         if isinstance(old, Rule):
             self._members[old.identity].discard(name)
-        if (ref := self._refers.pop(name, None)) is not None:
+        for ref in self._refers.pop(name, ()):
             self._referrers[ref].discard(name)
         if not copies:
             return
-        if (ref := eip_reference(copies[0])) is not None:
-            self._refers[name] = ref
-            self._referrers[ref].add(name)
+        # Every copy's EIP (a directory may hold two copies pointing at different EIPs).
+        refs = {ref for c in copies if (ref := eip_reference(c)) is not None}
+        if refs:
+            self._refers[name] = refs
+            for ref in refs:
+                self._referrers[ref].add(name)
         result = rule_of(name, copies, self._eips, self.gateway)
         if result is not None:
             self._results[name] = result

@@ -581,6 +581,10 @@ def _state_view(state: DesiredState) -> tuple[Any, ...]:
 # Found by the search (shrunk): objects named "" are skipped by rebuild, taken by update.
 @example([("put", 0, eip("eip-web", "172.18.0.10")), ("put", 1, rule("", 80, "10.0.1.11"))])
 @example([("put", 0, eip("", "172.18.0.11")), ("put", 1, rule("sneaky", 81, "10.0.1.12", eip_name=""))])
+# Found in CI: two copies of one rule name pointing at different EIPs; the second EIP
+# appearing must re-evaluate the name.
+@example([("put", 1, rule("web-b", 80, "10.0.1.12")), ("put", 2, rule("web-b", 80, "10.0.1.12", eip_name="eip-b")),
+          ("put", 3, eip("eip-b", "172.18.0.20"))])
 def test_update_after_each_hostile_edit_equals_rebuild(history: list[tuple[Any, ...]]) -> None:
     store: dict[int, Any] = {}
     state = DesiredState(GW, MAX_BACKENDS)
