@@ -6,8 +6,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from agent import log as logsetup
+
+# CI replays the same examples on every run (they found their bugs here, with thousands
+# of random runs); a developer's run keeps exploring.
+hypothesis_settings.register_profile("ci", derandomize=True)
+if os.environ.get("CI"):
+    hypothesis_settings.load_profile("ci")
 
 logsetup.configure("console", "info")  # the agent's level: no per-transaction debug dumps
 
