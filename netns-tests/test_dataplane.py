@@ -244,3 +244,22 @@ def test_unreadable_rules_directory_at_start_keeps_the_kernel_state(lab, agent):
     hidden.rename(agent.rules_dir)
     write_rules(agent.rules_dir, "rules.yaml", yaml_docs(eip_doc(), *WEB[:1]))
     wait_for(lambda: lab.tcp_connect(EIP, 80, 6)["by_backend"]["b1"] == 6, what="convergence once readable")
+
+
+def test_removed_backend_loses_only_its_own_clients_affinity(lab, agent):
+    # Two ClientIP identities share the per-slot affinity sets; b3 (slot 2) leaves one.
+    app2 = [rule_doc(f"app2-{n}", 8443, ip, 9090, affinity="ClientIP", timeout=600) for n, ip in BACKENDS.items()]
+    program(agent, *APP, *app2, identities=2)
+    for port in (443, 8443):
+        assert lab.tcp_connect(EIP, port, 40, sources=CLIENTS)["failed"] == 0
+
+    def entries(port: int) -> int:
+        listing = json.loads(agent.nft("-j", "list", "set", "ip", "natgw", "aff_2"))["nftables"]
+        return sum(1 for i in listing if "set" in i for e in i["set"].get("elem", [])
+                   if e["elem"]["val"]["concat"][3] == port)
+
+    on_b3 = entries(443), entries(8443)
+    assert on_b3[0] > 0 and on_b3[1] > 0  # 20 clients over 3 backends: some on b3 for both
+    program(agent, *APP[:2], *app2, identities=2)
+    wait_for(lambda: entries(443) == 0, 3, what="443's entries on b3 to go")
+    assert entries(8443) == on_b3[1]  # the other identity's clients on b3 keep theirs
