@@ -55,6 +55,7 @@ class Nft:
         if backend is None:
             backend, reader = _context(), _context()
             self._genid = _kernel_generation
+            _kernel_generation()  # pyroute2's import and socket now, not in the first sync
         self.family = family
         self.table = table
         self._nft = backend

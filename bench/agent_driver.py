@@ -44,26 +44,34 @@ def _quiet() -> None:
 
 
 class _Clock:
-    """Time spent in libnftables calls (json_cmd of the agent's Nft), to split a sync into
-    the kernel-facing part and the rest. Wraps the context the Nft holds; if the agent's
-    internals change so that it cannot be found, nothing is wrapped and None is reported."""
+    """Time spent in libnftables calls (json_cmd of every context the agent's Nft holds:
+    the one for transactions and, if separate, the one for listings), to split a sync into
+    the kernel-facing part and the rest. If the agent's internals change so that no
+    context can be found, nothing is wrapped and None is reported."""
+
+    CONTEXTS = ("_nft", "_reader")
 
     def __init__(self, nft: Nft) -> None:
         self.seconds: float | None = None
-        lib = getattr(nft, "_nft", None)
-        call = getattr(lib, "json_cmd", None)
-        if call is None:
-            return
-        self.seconds = 0.0
+        wrapped: dict[int, _Wrapped] = {}
+        for attr in self.CONTEXTS:
+            lib = getattr(nft, attr, None)
+            call = getattr(lib, "json_cmd", None)
+            if call is None:
+                continue
+            if id(lib) not in wrapped:
+                wrapped[id(lib)] = _Wrapped(lib, self._timed(call))
+            setattr(nft, attr, wrapped[id(lib)])
+            self.seconds = 0.0
 
+    def _timed(self, call):  # type: ignore[no-untyped-def]
         def timed(doc):  # type: ignore[no-untyped-def]
             t0 = time.perf_counter()
             try:
                 return call(doc)
             finally:
                 self.seconds += time.perf_counter() - t0  # type: ignore[operator]
-
-        setattr(nft, "_nft", _Wrapped(lib, timed))
+        return timed
 
     def take(self) -> float | None:
         value, self.seconds = self.seconds, (0.0 if self.seconds is not None else None)

@@ -256,19 +256,19 @@ def plot(res: dict[str, Any], path: Path) -> None:
             if not pts:
                 continue
             ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", color=colors[key], linewidth=2)
-            labels.append((pts[-1][0], pts[-1][1], f"{fmt_s(pts[-1][1])} {mode}", colors[key]))
+            labels.append((pts[-1][0], pts[-1][1], f"{_short(pts[-1][1])} {mode}", colors[key]))
         for e in (e for e in res["legacy_extrapolated"] if e["affinity"] == affinity):
             if series["legacy"]:
                 x0, y0 = series["legacy"][-1]
                 ax.plot([x0, e["n"]], [y0, e["seconds"]], ":", color=colors["legacy"], linewidth=1.2)
             ax.plot([e["n"]], [e["seconds"]], marker="o", markerfacecolor="white", color=colors["legacy"], linestyle="none")
-            labels.append((e["n"], e["seconds"], f"~{fmt_s(e['seconds'])} {mode}, extrapolated", colors["legacy"]))
+            labels.append((e["n"], e["seconds"], f"~{_short(e['seconds'])} {mode} (extrap.)", colors["legacy"]))
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.xaxis.set_major_locator(FixedLocator(sizes))
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xticks(sizes, [f"{n:,}" for n in sizes])
-    ax.set_xlim(sizes[0] / 1.6, sizes[-1] * 3.5)
+    ax.set_xlim(sizes[0] / 1.6, sizes[-1] * 4.5)
     ax.set_xlabel(f"identities ({BACKENDS} backends each)")
     ax.set_ylabel("full sync from an empty table, seconds (log scale)")
     ax.set_title("Programming N identities: legacy script vs kube-proxy style vs natgw-agent")
@@ -285,6 +285,10 @@ def plot(res: dict[str, Any], path: Path) -> None:
     _place_labels(fig, ax, labels)
     fig.savefig(path)
     plt.close(fig)
+
+
+def _short(x: float) -> str:
+    return f"{x:.0f} s" if x >= 100 else fmt_s(x)
 
 
 def _place_labels(fig: Any, ax: Any, labels: list[tuple[float, float, str, str]]) -> None:
