@@ -31,6 +31,7 @@ from agent.render import render
 from agent.ruleset import EMPTY
 from agent.settings import Settings
 from tests.conftest import eip, rule
+from tests.test_incremental import Accepting
 
 GW = "gw1"
 MAX_BACKENDS = 256
@@ -606,19 +607,6 @@ def test_update_after_each_hostile_edit_equals_rebuild(history: list[tuple[Any, 
         for identity in set(before) | set(state.services):
             if before.get(identity) != state.services.get(identity):
                 assert identity in dirty, identity  # else a partial sync would not render it
-
-
-class Accepting:
-    """libnftables stand-in: takes every batch, holds no table."""
-
-    def __init__(self) -> None:
-        self.batches: list[list[dict[str, Any]]] = []
-
-    def json_cmd(self, doc: dict[str, Any]) -> tuple[int, Any, str]:
-        if any("list" in c for c in doc["nftables"]):
-            return 1, "", "Error: No such file or directory"
-        self.batches.append(doc["nftables"])
-        return 0, "", ""
 
 
 @hsettings(max_examples=150, **HYPO)
