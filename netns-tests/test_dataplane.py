@@ -10,9 +10,9 @@ from gwtest import (APP, BACKENDS, CHI2_CRITICAL_DF2, CLIENTS, DNS, EIP, OTHER_E
 
 def test_tcp_spread_is_uniform_over_three_backends(lab, agent):
     program(agent, *WEB, identities=1)
-    spread = lab.scapy_syn_spread(EIP, 80, 300)
+    spread = lab.scapy_syn_spread(EIP, 80, 600)
     counts = [spread["by_backend"].get(name, 0) for name in BACKENDS]
-    assert sum(counts) == 300, spread  # every SYN was DNATed to exactly one backend
+    assert sum(counts) == 600, spread  # every SYN was DNATed to exactly one backend
     assert chi_square(counts) < CHI2_CRITICAL_DF2, counts
     real = lab.tcp_connect(EIP, 80, 60)
     assert real["failed"] == 0, real
