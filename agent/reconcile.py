@@ -23,8 +23,8 @@ from agent.nft import Nft
 from agent.plan import plan, retire, stale_chains
 from agent.desired import Catalog, DesiredState, Key, ListCatalog
 from agent.report import Reporter
-from agent.render import (SERVICES, Pieces, Shared, add_pieces, affinity_set, assign_slots, base_ruleset, declare, held_slots,
-                          identity_key, key_identity, render_service, slots_of, sticky_slots, undeclare)
+from agent.render import (SERVICES, Pieces, Shared, affinity_set, assign_slots, declare, held_slots, identity_key,
+                          key_identity, render_all, render_service, slots_of, sticky_slots, undeclare)
 from agent.ruleset import EMPTY, Ruleset
 from agent.settings import Settings
 
@@ -119,12 +119,7 @@ class Reconciler:
 
     def _render_all(self) -> _Change:
         before = self.mirror or EMPTY
-        slots = assign_slots(self.state.services, slots_of(before))
-        size = self.settings.affinity_set_size
-        pieces = {i: render_service(s, slots[i], size) for i, s in sorted(self.state.services.items())}
-        wanted = base_ruleset(self.settings.priority)
-        for p in pieces.values():
-            add_pieces(wanted, p)
+        wanted, pieces = render_all(self.state.services, before, self.settings.affinity_set_size, self.settings.priority)
         return _Change(True, before, wanted, pieces, set(), Counter())
 
     def _render_some(self, dirty: set[Identity]) -> _Change:
@@ -356,6 +351,11 @@ def run_loop(settings: Settings, source: Source, reconciler: Reconciler, stop: t
     backoff = Backoff(settings.retry_min, settings.retry_max)
     pending = True
     queued_at = time.time()  # when the oldest change not yet in the kernel was seen
+
+    def queue() -> None:
+        nonlocal pending, queued_at
+        if not pending:
+            pending, queued_at = True, time.time()
     retry_at = 0.0
     now = time.monotonic()
     resync_at = now + settings.resync_interval
@@ -364,23 +364,23 @@ def run_loop(settings: Settings, source: Source, reconciler: Reconciler, stop: t
         health.beat()
         now = time.monotonic()
         try:
-            if source.poll() and not pending:
-                pending, queued_at = True, time.time()
+            if source.poll():
+                queue()
         except Exception:  # a source bug must not kill the data plane's keeper
             log.exception("source poll failed")
         if now >= resync_at:
             reconciler.request_full_sync()
             resync_at = now + settings.resync_interval
-            pending, queued_at = True, queued_at if pending else time.time()
+            queue()
         if now >= drift_at and not pending:
             drift_at = now + settings.drift_interval
             try:
                 if reconciler.check_drift():
-                    pending, queued_at = True, time.time()
+                    queue()
             except Exception:
                 log.exception("drift check failed; resyncing")
                 reconciler.request_full_sync()
-                pending, queued_at = True, time.time()
+                queue()
         if pending:
             health.pending()
             metrics.last_queued.set(queued_at)

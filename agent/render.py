@@ -177,11 +177,18 @@ class Pieces:
 
 def render(services: Mapping[Identity, Service], previous: Ruleset, affinity_set_size: int, priority: int) -> Ruleset:
     """The whole table for these services; slots follow `previous` (the kernel's state)."""
+    return render_all(services, previous, affinity_set_size, priority)[0]
+
+
+def render_all(services: Mapping[Identity, Service], previous: Ruleset, affinity_set_size: int,
+               priority: int) -> tuple[Ruleset, dict[Identity, Pieces]]:
+    """The whole table, and each identity's pieces of it."""
     slots = assign_slots(services, slots_of(previous))
+    pieces = {i: render_service(s, slots[i], affinity_set_size) for i, s in sorted(services.items())}
     rs = base_ruleset(priority)
-    for identity, service in sorted(services.items()):
-        add_pieces(rs, render_service(service, slots[identity], affinity_set_size))
-    return rs
+    for p in pieces.values():
+        add_pieces(rs, p)
+    return rs, pieces
 
 
 def base_ruleset(priority: int) -> Ruleset:

@@ -5,9 +5,8 @@ from typing import Any, Iterable, Protocol
 
 import structlog
 
-from agent.desired import Desired, desired_services
+from agent.desired import DesiredState, ListCatalog
 from agent.errors import ApplyError, RuleError
-from agent.model import build_inventory
 from agent.settings import Settings
 
 log = structlog.get_logger()
@@ -55,10 +54,11 @@ class Reporter:
         self._failed_digest = None
 
 
-def evaluate(objects: Iterable[Any], settings: Settings, reporter: Reporter) -> tuple[Desired, int]:
-    """Objects -> validated model -> desired services, reporting what was left out.
-    Returns the desired state and how many rules were rejected."""
-    inventory = build_inventory(objects, settings.gateway)
-    desired = desired_services(inventory.rules, settings.max_backends)
-    reporter.report(inventory.errors + desired.errors, desired.notes)
-    return desired, len(inventory.errors) + len(desired.errors)
+def evaluate(objects: Iterable[Any], settings: Settings, reporter: Reporter) -> tuple[DesiredState, int]:
+    """Objects -> validated model -> desired services, reporting what was left out, the
+    way `run` evaluates them (limits included). Returns the state (its `services`) and how
+    many rules were rejected."""
+    state = DesiredState(settings.gateway, settings.max_backends, settings.max_identities)
+    state.rebuild(ListCatalog(objects))
+    reporter.report(state.errors, state.notes)
+    return state, len(state.errors)

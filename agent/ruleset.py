@@ -25,9 +25,6 @@ class Ruleset:
     rules: dict[str, tuple[dict[str, Any], ...]] = field(default_factory=dict)  # chain -> rules
     elements: dict[str, dict[Key, Elem]] = field(default_factory=dict)  # map -> key -> element
 
-    def is_map(self, name: str) -> bool:
-        return "map" in self.sets[name]
-
 
 EMPTY = Ruleset()
 
