@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any, Callable, Protocol, Sequence
 
 from agent.errors import ApplyError
-from agent.ruleset import Key, Ruleset, from_listing, key_json
+from agent.ruleset import Key, Ruleset, concat_data, from_listing, key_json
 
 
 class Libnftables(Protocol):
     """What the agent needs from libnftables; tests may stand in a failing one."""
 
     def json_cmd(self, doc: dict[str, Any]) -> tuple[int, Any, str]: ...
+    def cmd(self, text: str) -> tuple[int, Any, str]: ...
 
 
 _socket: Any = None
@@ -39,6 +41,31 @@ def _kernel_generation() -> int:
     msg["nfgen_family"] = 0
     (answer,) = _socket.request_get(msg, NFT_MSG_GETGEN)
     return int(answer.get_attr("NFTA_GEN_ID"))
+
+
+# What text_declaration() may write: names and types the agent itself generates.
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+_TYPES = frozenset({"ipv4_addr", "inet_proto", "inet_service"})
+
+
+def needs_text(command: dict[str, Any]) -> bool:
+    body = command.get("add", {}).get("map")
+    return isinstance(body, dict) and concat_data(body)
+
+
+def text_declaration(command: dict[str, Any]) -> str:
+    """The nft text for such a declaration, from a strictly checked closed vocabulary: it
+    carries names and types only, never a value from a rule."""
+    body = dict(command["add"]["map"])
+    family, table, name = body.pop("family"), body.pop("table"), body.pop("name")
+    key, data = body.pop("type"), str(body.pop("map")).split(" . ")
+    counter = body.pop("stmt", None) == [{"counter": None}]
+    words = [family, table, name, *key, *data]
+    if body or family != "ip" or not all(isinstance(w, str) and _WORD.fullmatch(w) for w in words) \
+            or not set(key) | set(data) <= _TYPES:
+        raise ValueError(f"cannot declare map in nft text: {command!r}")
+    return (f"add map {family} {table} {name} {{ type {' . '.join(key)} : {' . '.join(data)};"
+            f"{' counter;' if counter else ''} }}")
 
 
 def digest(commands: Sequence[dict[str, Any]]) -> str:
@@ -79,12 +106,39 @@ class Nft:
         return self._genid() if self._genid is not None else self.transactions
 
     def apply(self, commands: Sequence[dict[str, Any]]) -> None:
-        """Send commands as one atomic batch; raise ApplyError (nothing applied) on failure."""
+        """Send commands as one atomic batch; raise ApplyError on failure.
+
+        Maps that nft 1.0.6's JSON cannot declare (needs_text) are declared first, in a
+        text transaction of their own: empty and unreferenced until the JSON batch
+        commits, they change nothing in the data plane meanwhile, and a failed batch
+        leaves at most those (the next read-back deletes them if unwanted). Only a batch
+        that deletes the table (plan() does so only to repair a declaration someone else
+        altered) is split around that delete, and so not atomic."""
         if not commands:
             return
-        rc, _, err = self._nft.json_cmd({"nftables": list(commands)})
+        texts = [text_declaration(c) for c in commands if needs_text(c)]
+        rest = [c for c in commands if not needs_text(c)]
+        if texts:
+            if not _WORD.fullmatch(self.table):
+                raise ValueError(f"table name {self.table!r} is not an nft identifier")
+            cut = next((i + 1 for i, c in enumerate(rest) if "table" in c.get("delete", {})), 0)
+            self._json(rest[:cut])
+            self._text("\n".join([f"add table {self.family} {self.table}", *texts]), len(texts))
+            rest = rest[cut:]
+        self._json(rest)
+
+    def _json(self, commands: list[dict[str, Any]]) -> None:
+        if not commands:
+            return
+        rc, _, err = self._nft.json_cmd({"nftables": commands})
         if rc != 0:
             raise ApplyError(rc, str(err), digest(commands), len(commands))
+        self.transactions += 1
+
+    def _text(self, text: str, count: int) -> None:
+        rc, _, err = self._nft.cmd(text)
+        if rc != 0:
+            raise ApplyError(rc, str(err), hashlib.sha256(text.encode()).hexdigest()[:12], count)
         self.transactions += 1
 
     def read(self) -> Ruleset | None:
@@ -98,25 +152,24 @@ class Nft:
 
     def backend_counters(self) -> dict[tuple[str, str], tuple[int, int]]:
         """{("eip:port/proto", "ip:port"): (packets, bytes)} from the per-backend element
-        counters of the addr_<slot> maps (their port from the matching port_<slot> map)."""
+        counters of the backend_<slot> maps."""
         rc, out, err = self._reader.json_cmd({"nftables": [{"list": {"table": {"family": self.family, "name": self.table}}}]})
         if rc != 0:
             return {}
         doc = out if isinstance(out, dict) else json.loads(out)
-        maps = {item["map"]["name"]: item["map"].get("elem", []) for item in doc.get("nftables", []) if "map" in item}
         result: dict[tuple[str, str], tuple[int, int]] = {}
-        for name, elems in maps.items():
-            if not name.startswith("addr_"):
+        for item in doc.get("nftables", []):
+            body = item.get("map", {})
+            if not str(body.get("name", "")).startswith("backend_"):
                 continue
-            ports = {tuple(k["concat"]): v for k, v in maps.get("port_" + name.removeprefix("addr_"), [])
-                     if isinstance(k, dict) and "concat" in k}
-            for key, address in elems:
+            for key, data in body.get("elem", []):
                 elem = key.get("elem", {}) if isinstance(key, dict) else {}
-                concat = tuple(elem.get("val", key).get("concat", ())) if isinstance(elem.get("val", key), dict) else ()
+                identity = elem.get("val", {}).get("concat", ()) if isinstance(elem.get("val"), dict) else ()
+                backend = data.get("concat", ()) if isinstance(data, dict) else ()
                 counter = elem.get("counter") or {}
-                if len(concat) == 3 and concat in ports:
-                    eip, proto, port = concat
-                    result[(f"{eip}:{port}/{proto}", f"{address}:{ports[concat]}")] = (
+                if len(identity) == 3 and len(backend) == 2:
+                    eip, proto, port = identity
+                    result[(f"{eip}:{port}/{proto}", f"{backend[0]}:{backend[1]}")] = (
                         int(counter.get("packets", 0)), int(counter.get("bytes", 0)))
         return result
 

@@ -22,13 +22,17 @@ def to_text(document: str) -> str:
 def _main() -> int:
     import nftables
 
+    from agent.errors import ApplyError
+    from agent.nft import Nft
+
     doc = json.loads(sys.stdin.read())
-    nft = nftables.Nftables()
-    rc, _, err = nft.json_cmd(doc)
-    if rc != 0:
+    table = next(c["add"]["table"] for c in doc["nftables"] if "table" in c.get("add", {}))
+    try:
+        Nft(table["family"], table["name"]).apply(doc["nftables"])  # as the agent applies it
+    except ApplyError as err:
         print(err, file=sys.stderr)
         return 1
-    table = next(c["add"]["table"] for c in doc["nftables"] if "table" in c.get("add", {}))
+    nft = nftables.Nftables()
     nft.set_json_output(False)
     nft.set_stateless_output(True)  # no counter values: the same text before and after traffic
     rc, out, err = nft.cmd(f"list table {table['family']} {table['name']}")

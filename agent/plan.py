@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agent.ruleset import EMPTY, Key, Ruleset, key_json
+from agent.ruleset import EMPTY, Key, Ruleset, concat_data, key_json
 
 Command = dict[str, Any]
 
@@ -18,14 +18,31 @@ def plan(current: Ruleset | None, desired: Ruleset, family: str, table: str) -> 
     """Commands that turn `current` (None: the table does not exist) into `desired`.
 
     An unchanged ruleset yields no command at all. A changed declaration (a set's type or
-    size, the base chain's priority) cannot be altered in place: the table is rebuilt in
-    the same transaction instead, which only happens on an upgrade or a settings change.
+    size, the base chain's priority: an upgrade or a settings change) cannot be altered in
+    place: every rule is flushed, the changed objects are deleted and declared anew, all
+    in the same transaction. Only a declaration that cannot be redone that way (a chain
+    that elements point at, a map declared in text: someone else altered it) makes the
+    table go and come back whole.
     """
     ref = {"family": family, "table": table}
     cmds: list[Command] = []
-    if current is not None and _declarations_changed(current, desired):
-        cmds.append({"delete": {"table": {"family": family, "name": table}}})
-        current = None
+    if current is not None:
+        sets = [n for n, d in desired.sets.items() if n in current.sets and current.sets[n] != d]
+        chains = [n for n, d in desired.chains.items() if n in current.chains and current.chains[n] != d]
+        if any("hook" not in desired.chains[n] for n in chains) or \
+                any(concat_data(current.sets[n]) or concat_data(desired.sets[n]) for n in sets):
+            cmds.append({"delete": {"table": {"family": family, "name": table}}})
+            current = None
+        elif sets or chains:
+            cmds.append({"flush": {"table": {"family": family, "name": table}}})
+            cmds.extend({"delete": {_set_kind(current.sets[n]): {**ref, "name": n}}} for n in sets)
+            cmds.extend({"delete": {"chain": {**ref, "name": n}}} for n in chains)
+            current = Ruleset(
+                sets={n: d for n, d in current.sets.items() if n not in sets},
+                chains={n: d for n, d in current.chains.items() if n not in chains},
+                rules={n: () for n in current.chains if n not in chains},
+                elements={n: e for n, e in current.elements.items() if n not in sets},
+            )
     if current is None:
         cmds.append({"add": {"table": {"family": family, "name": table}}})
         current = EMPTY
@@ -88,12 +105,6 @@ def retire(chains: list[str], family: str, table: str) -> list[Command]:
 
 def _set_kind(decl: dict[str, Any]) -> str:
     return "map" if "map" in decl else "set"
-
-
-def _declarations_changed(current: Ruleset, desired: Ruleset) -> bool:
-    return any(current.sets[n] != d for n, d in desired.sets.items() if n in current.sets) or any(
-        current.chains[n] != d for n, d in desired.chains.items() if n in current.chains
-    )
 
 
 def document(commands: list[Command]) -> str:

@@ -32,6 +32,12 @@ _SET_FIELDS = ("type", "map", "flags", "size", "stmt")
 _CHAIN_FIELDS = ("type", "hook", "prio", "policy")
 
 
+def concat_data(decl: Mapping[str, Any]) -> bool:
+    """A map whose data is a concatenation (nft 1.0.6 lists its type as "a . b"): its JSON
+    parser cannot declare one, so nft.py declares it in text."""
+    return " . " in str(decl.get("map", ""))
+
+
 def key_json(key: Key) -> Any:
     return {"concat": list(key)} if len(key) > 1 else key[0]
 

@@ -44,8 +44,8 @@ def _quiet() -> None:
 
 
 class _Clock:
-    """Time spent in libnftables calls (json_cmd of every context the agent's Nft holds:
-    the one for transactions and, if separate, the one for listings), to split a sync into
+    """Time spent in libnftables calls (json_cmd and cmd of every context the agent's Nft
+    holds: the one for transactions and, if separate, the one for listings), to split a sync into
     the kernel-facing part and the rest. If the agent's internals change so that no
     context can be found, nothing is wrapped and None is reported."""
 
@@ -60,7 +60,7 @@ class _Clock:
             if call is None:
                 continue
             if id(lib) not in wrapped:
-                wrapped[id(lib)] = _Wrapped(lib, self._timed(call))
+                wrapped[id(lib)] = _Wrapped(lib, self._timed(call), self._timed(lib.cmd))
             setattr(nft, attr, wrapped[id(lib)])
             self.seconds = 0.0
 
@@ -79,9 +79,10 @@ class _Clock:
 
 
 class _Wrapped:
-    def __init__(self, lib, json_cmd) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, lib, json_cmd, cmd) -> None:  # type: ignore[no-untyped-def]
         self._lib = lib
         self.json_cmd = json_cmd
+        self.cmd = cmd
 
     def __getattr__(self, name):  # type: ignore[no-untyped-def]
         return getattr(self._lib, name)
@@ -95,12 +96,12 @@ def _kernel_view(nft: Nft, index: dict[tuple[str, str, int], int]) -> dict[str, 
     services = rs.elements.get("services", {})
     by_identity: dict[int, list[str]] = {}
     for name, elements in rs.elements.items():
-        if not name.startswith("addr_"):
+        if not name.startswith("backend_"):
             continue
         for key, elem in elements.items():
             i = index.get((str(key[0]), str(key[1]), int(key[2])))
             if i is not None:
-                by_identity.setdefault(i, []).append(str(elem.value))
+                by_identity.setdefault(i, []).append(str(elem.value["concat"][0]))
     return {"identities": len(services), "backends": sum(len(v) for v in by_identity.values()), "by_identity": by_identity}
 
 

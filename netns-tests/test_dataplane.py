@@ -143,11 +143,11 @@ def test_diff_is_empty_when_converged_and_shows_drift(lab, agent):
     converged = lab.run_in(lab.gw_ns, argv, capture_output=True, text=True, cwd=ROOT)
     assert (converged.returncode, converged.stdout) == (0, "")
     assert agent.stop() == 0  # no one to repair it
-    agent.nft("delete", "element", "ip", "natgw", "addr_1", f"{{ {EIP} . tcp . 80 }}")
+    agent.nft("delete", "element", "ip", "natgw", "backend_1", f"{{ {EIP} . tcp . 80 }}")
     drift = lab.run_in(lab.gw_ns, argv, capture_output=True, text=True, cwd=ROOT)
     assert drift.returncode == 1
     (command,) = json.loads(drift.stdout)["nftables"]  # exactly the missing element, back
-    assert command["add"]["element"]["name"] == "addr_1"
+    assert command["add"]["element"]["name"] == "backend_1"
 
 
 def test_render_text_is_the_kernels_own_listing(lab):

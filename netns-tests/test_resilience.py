@@ -15,7 +15,11 @@ from gwtest import APP, BACKENDS, CLIENTS, DNS, EIP, ROOT, WEB, program, wait_fo
 DRIFTS = {
     "table deleted": [["delete", "table", "ip", "natgw"]],
     "chain flushed": [["flush", "chain", "ip", "natgw", "slot_0"]],
-    "map element deleted": [["delete", "element", "ip", "natgw", "addr_1", f"{{ {EIP} . tcp . 80 }}"]],
+    "map element deleted": [["delete", "element", "ip", "natgw", "backend_1", f"{{ {EIP} . tcp . 80 }}"]],
+    "backend map deleted": [["flush", "chain", "ip", "natgw", "slot_1"], ["delete", "map", "ip", "natgw", "backend_1"]],
+    "backend map redeclared": [  # only nft text declares it: the repair rebuilds the table
+        ["flush", "chain", "ip", "natgw", "slot_1"], ["delete", "map", "ip", "natgw", "backend_1"],
+        ["add", "map", "ip", "natgw", "backend_1", "{ type ipv4_addr . inet_proto . inet_service : ipv4_addr . inet_service; }"]],
     "affinity set deleted": [["flush", "chain", "ip", "natgw", "aff_t600_n3"],
                              ["flush", "chain", "ip", "natgw", "sticky_0_t600"],
                              ["delete", "set", "ip", "natgw", "aff_0"]],

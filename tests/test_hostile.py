@@ -27,7 +27,7 @@ from agent.model import EIP_KIND, RULE_KIND, Backend, Identity, Rule, build_inve
 from agent.nft import Nft
 from agent.plan import document, plan
 from agent.reconcile import Reconciler
-from agent.render import render
+from agent.render import BACKEND_DATA, render
 from agent.ruleset import EMPTY
 from agent.settings import Settings
 from tests.conftest import eip, rule
@@ -115,6 +115,8 @@ def check_commands(commands: list[dict[str, Any]], accepted: set[str]) -> None:
                 assert 0 < len(node) <= 128 and COMMENT.fullmatch(node), f"comment {node!r} at {where}"
                 names = [n for n in node.split(",") if n and not n.startswith("+")]
                 assert all(valid_name(n) for n in names) and set(names) <= accepted, f"comment {node!r} at {where}"
+            elif last == "map":  # a map's data type: declared in nft text if concatenated (nft.py)
+                assert node in ("verdict", BACKEND_DATA), f"map data type {node!r} at {where}"
             elif last in ("name", "table", "chain", "target", "set", "data"):
                 assert IDENT.fullmatch(node) and len(node) <= 256, f"identifier {node!r} at {where}"
             elif ADDRESS_SHAPED.fullmatch(node):
@@ -148,10 +150,9 @@ def check_commands(commands: list[dict[str, Any]], accepted: set[str]) -> None:
                 if verb != "add":
                     continue
                 name = element["name"]
-                if name.startswith("addr_"):
-                    assert valid_ipv4(value), (name, value)
-                elif name.startswith("port_"):
-                    assert valid_port(value), (name, value)
+                if name.startswith("backend_"):
+                    address, backend_port = value["concat"]
+                    assert valid_ipv4(address) and valid_port(backend_port), (name, value)
                 else:
                     assert name == "services", name
                     assert re.fullmatch(r"(lb|aff_t[0-9]+)_(n[0-9]+|s[0-9.]+|h[0-9a-f]+)", value["goto"]["target"])
@@ -432,8 +433,8 @@ def test_one_bad_object_never_hides_a_good_one(objects: list[Any], rnd: random.R
     service = desired.services[GOOD.identity]  # siblings may share it (and its affinity), never remove it
     assert GOOD.backend in service.backends and GOOD_RULE_NAME in service.rule_names
     added = [e for c in commands for e in c.get("add", {}).get("element", {}).get("elem", [])
-             if c["add"]["element"]["name"].startswith("addr_")]
-    assert any(value == "10.0.9.9" and key["elem"]["val"]["concat"] == ["172.18.0.99", "tcp", 8443]
+             if c["add"]["element"]["name"].startswith("backend_")]
+    assert any(value == {"concat": ["10.0.9.9", 9443]} and key["elem"]["val"]["concat"] == ["172.18.0.99", "tcp", 8443]
                for key, value in added), added
 
 

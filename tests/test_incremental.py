@@ -25,11 +25,16 @@ class Accepting:
 
     def __init__(self) -> None:
         self.batches: list[list[dict[str, Any]]] = []
+        self.texts: list[str] = []  # map declarations nft.py sends as text
 
     def json_cmd(self, doc: dict[str, Any]) -> tuple[int, Any, str]:
         if any("list" in c for c in doc["nftables"]):
             return 1, "", "Error: No such file or directory"
         self.batches.append(doc["nftables"])
+        return 0, "", ""
+
+    def cmd(self, text: str) -> tuple[int, Any, str]:
+        self.texts.append(text)
         return 0, "", ""
 
 
@@ -131,10 +136,11 @@ def test_one_change_among_many_touches_only_its_identity() -> None:
     result = reconciler.sync(store, store.take())
     (batch,) = backend.batches[1:]  # one transaction ...
     assert result.commands == len(batch) == 2  # ... swapping one element: same port, new address
+    assert backend.texts == backend.texts[:1]  # the backend maps were declared once, by the first sync
     assert [next(iter(c)) for c in batch] == ["delete", "add"]
     for command in batch:
         element = next(iter(command.values()))["element"]
-        assert element["name"] == "addr_2"
+        assert element["name"] == "backend_2"
         keys = [e[0]["elem"]["val"] if isinstance(e, list) else e for e in element["elem"]]  # [key, value] on add
         assert keys == [{"concat": ["172.18.0.10", "tcp", 1007]}]
     assert reconciler.sync(store, store.take()).commands == 0  # nothing changed: nothing sent

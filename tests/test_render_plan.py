@@ -95,7 +95,7 @@ def test_deleting_last_identity_empties_shared_chains_and_retires_them_later(web
     cmds = plan(before, after, "ip", "natgw")
     deleted = {next(iter(c["delete"].values()))["name"] for c in cmds if "delete" in c and "element" not in c["delete"]}
     flushed = {c["flush"]["chain"]["name"] for c in cmds if "flush" in c}
-    assert deleted == {"addr_0", "port_0", "addr_1", "port_1", "addr_2", "port_2", "aff_0", "aff_1"}
+    assert deleted == {"backend_0", "backend_1", "backend_2", "aff_0", "aff_1"}
     chains = {"slot_0", "slot_1", "slot_2", "lb_n3", "lb_n1", "aff_t600_n2", "sticky_0_t600", "sticky_1_t600"}
     assert flushed == chains  # emptied in this transaction ...
     assert set(stale_chains(before, after)) == chains
@@ -114,13 +114,34 @@ def test_pattern_chain_names():
     assert parse_target("prerouting") is None
 
 
-def test_declaration_change_rebuilds_table(web_objects):
+def test_declaration_change_redeclares_in_the_same_transaction(web_objects):
+    """A new affinity set size or base chain priority: rules flushed, the changed objects
+    deleted and declared anew, everything else (elements, backend maps) kept."""
     before = rendered(web_objects)
     services = desired_services(build_inventory(web_objects, "gw1").rules, 256).services
-    after = render(services, before, 1024, S.priority)
+    after = render(services, before, 1024, S.priority + 1)
     cmds = plan(before, after, "ip", "natgw")
-    assert cmds[0] == {"delete": {"table": {"family": "ip", "name": "natgw"}}}
-    assert cmds[1] == {"add": {"table": {"family": "ip", "name": "natgw"}}}
+    ref = {"family": "ip", "table": "natgw"}
+    assert cmds[:4] == [{"flush": {"table": {"family": "ip", "name": "natgw"}}},
+                        {"delete": {"set": {**ref, "name": "aff_0"}}}, {"delete": {"set": {**ref, "name": "aff_1"}}},
+                        {"delete": {"chain": {**ref, "name": "prerouting"}}}]
+    assert not any("table" in c.get("delete", {}) or "element" in c.get("delete", {}) for c in cmds)
+    added = {(k, b.get("name") or b.get("chain")) for c in cmds if "add" in c for k, b in c["add"].items()}
+    assert {("set", "aff_0"), ("set", "aff_1"), ("chain", "prerouting")} <= added
+    assert not any(k == "map" or k == "element" for k, _ in added)  # maps and their elements stay
+    assert len([c for c in cmds if "rule" in c.get("add", {})]) == sum(len(r) for r in after.rules.values())
+    assert plan(after, after, "ip", "natgw") == []
+
+
+def test_an_altered_backend_map_declaration_rebuilds_the_table(web_objects):
+    """Someone else redeclared a map that only nft text can declare: it cannot be redone in
+    the JSON transaction, so the table goes and comes back whole."""
+    before = rendered(web_objects)
+    tampered = Ruleset({**before.sets, "backend_0": {**before.sets["backend_0"], "stmt": []}},
+                       before.chains, before.rules, before.elements)
+    cmds = plan(tampered, before, "ip", "natgw")
+    assert cmds[:2] == [{"delete": {"table": {"family": "ip", "name": "natgw"}}},
+                        {"add": {"table": {"family": "ip", "name": "natgw"}}}]
 
 
 def test_rule_names_reach_comments_truncated(web_objects):
@@ -128,4 +149,4 @@ def test_rule_names_reach_comments_truncated(web_objects):
     rs = rendered(many)
     comment = rs.elements["services"][("172.18.0.10", "tcp", 80)].comment
     assert len(comment) <= 128 and comment.endswith("more")
-    assert rs.elements["addr_1"][("172.18.0.10", "tcp", 80)].comment == "web-b"
+    assert rs.elements["backend_1"][("172.18.0.10", "tcp", 80)].comment == "web-b"
