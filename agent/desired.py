@@ -21,8 +21,7 @@ class Service:
     backends: tuple[Backend, ...]  # sorted, de-duplicated
     affinity: bool
     timeout: int  # seconds; meaningful only with affinity
-    rules: dict[Backend, tuple[str, ...]]  # source rule names per backend, sorted
-    rule_names: tuple[str, ...]  # all of them, sorted
+    rule_names: tuple[str, ...]  # the rules behind it, sorted
 
 
 @dataclass(frozen=True)
@@ -58,11 +57,9 @@ def service_of(identity: Identity, members: Iterable[Rule], max_backends: int) -
     that does not is still served.
     """
     members = list(members)
-    names: dict[Backend, set[str]] = defaultdict(set)
-    for rule in members:
-        names[rule.backend].add(rule.name)
-    if len(names) > max_backends:
-        reason = f"identity {identity} has {len(names)} backends, more than the limit {max_backends}"
+    backends = sorted({r.backend for r in members})
+    if len(backends) > max_backends:
+        reason = f"identity {identity} has {len(backends)} backends, more than the limit {max_backends}"
         return None, [RuleError(RULE_KIND, r.name, "spec.internalIp", reason) for r in sorted(members, key=lambda r: r.name)], ""
     sticky = [r for r in members if r.affinity]
     timeouts = {r.timeout for r in sticky}
@@ -71,10 +68,9 @@ def service_of(identity: Identity, members: Iterable[Rule], max_backends: int) -
         note = f"identity {identity}: rules disagree on session affinity; using ClientIP with timeout {max(timeouts)}s"
     service = Service(
         identity=identity,
-        backends=tuple(sorted(names)),
+        backends=tuple(backends),
         affinity=bool(sticky),
         timeout=max(timeouts) if sticky else 0,
-        rules={b: tuple(sorted(n)) for b, n in sorted(names.items())},
         rule_names=tuple(sorted(r.name for r in members)),
     )
     return service, [], note

@@ -243,7 +243,7 @@ def render_service(service: Service, held: Mapping[Backend, int], affinity_set_s
     elements = {SERVICES: Elem({"goto": {"target": target}}, truncate_comment(service.rule_names))}
     shared = {target: _pattern(order, timeout)}
     for backend, slot in held.items():
-        elements[backend_map(slot)] = Elem({"concat": [backend.ip, backend.port]}, truncate_comment(service.rules[backend]))
+        elements[backend_map(slot)] = Elem({"concat": [backend.ip, backend.port]})
         shared.update(_slot(slot))
         if timeout is not None:
             shared.update(_sticky(slot, timeout, affinity_set_size))

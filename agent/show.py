@@ -8,7 +8,7 @@ from typing import Any
 
 from agent.model import Backend, Identity
 from agent.nft import Nft
-from agent.render import SERVICES, affinity_set, backend_map, key_identity, parse_target, slots_of
+from agent.render import SERVICES, affinity_set, key_identity, parse_target, slots_of
 from agent.ruleset import Ruleset
 
 
@@ -37,7 +37,6 @@ def inspect(nft: Nft, only: str | None = None) -> list[dict[str, Any]] | None:
             "rules": (elem.comment or "").split(",") if elem.comment else [],
             "backends": [
                 {"backend": str(backend), "slot": slot,
-                 "rules": (ruleset.elements[backend_map(slot)][key].comment or "").split(","),
                  "packets": counters.get((str(identity), str(backend)), (0, 0))[0],
                  "bytes": counters.get((str(identity), str(backend)), (0, 0))[1],
                  "pinned_clients": pinned.get((identity, slot), 0) if parsed and parsed[0] else None}
@@ -79,7 +78,6 @@ def format_show(found: list[dict[str, Any]] | None, as_json: bool = False) -> st
         for b in ident["backends"]:
             share = f"{100 * b['packets'] / total:.0f}%"
             pins = "" if b["pinned_clients"] is None else f"  pinned clients {b['pinned_clients']}"
-            lines.append(f"  -> {b['backend']}  slot {b['slot']}  rules: {','.join(b['rules']) or '-'}"
-                         f"  new connections {b['packets']} ({share}){pins}")
+            lines.append(f"  -> {b['backend']}  slot {b['slot']}  new connections {b['packets']} ({share}){pins}")
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) + "\n" if blocks else "no identities programmed\n"

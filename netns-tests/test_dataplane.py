@@ -119,7 +119,7 @@ def test_show_reads_the_kernel(lab, agent):
     assert f"{EIP}:80/tcp  affinity none (random)" in out
     assert f"{EIP}:443/tcp  affinity ClientIP timeout 600s" in out
     assert "rules: app-b1,app-b2,app-b3" in out
-    assert "-> 10.0.1.12:9090  slot 1  rules: app-b2  new connections 0 (0%)  pinned clients 0" in out
+    assert "-> 10.0.1.12:9090  slot 1  new connections 0 (0%)  pinned clients 0" in out
 
 
 def test_show_counts_connections_and_pinned_clients_as_json_and_filters(lab, agent):

@@ -13,7 +13,6 @@ def test_rules_group_by_identity_with_deduplicated_sorted_backends():
                   rule("u", 80, "10.0.1.11", proto="udp")])
     tcp = d.services[Identity("172.18.0.10", 80, "tcp")]
     assert tcp.backends == (Backend("10.0.1.11", 8080), Backend("10.0.1.12", 8080))
-    assert tcp.rules[Backend("10.0.1.11", 8080)] == ("a", "dup")
     assert tcp.rule_names == ("a", "b", "dup")
     assert set(d.services) == {Identity("172.18.0.10", 80, "tcp"), Identity("172.18.0.10", 80, "udp")}
 

@@ -434,7 +434,7 @@ def test_one_bad_object_never_hides_a_good_one(objects: list[Any], rnd: random.R
     assert GOOD.backend in service.backends and GOOD_RULE_NAME in service.rule_names
     added = [e for c in commands for e in c.get("add", {}).get("element", {}).get("elem", [])
              if c["add"]["element"]["name"].startswith("backend_")]
-    assert any(value == {"concat": ["10.0.9.9", 9443]} and key["elem"]["val"]["concat"] == ["172.18.0.99", "tcp", 8443]
+    assert any(value == {"concat": ["10.0.9.9", 9443]} and key["concat"] == ["172.18.0.99", "tcp", 8443]
                for key, value in added), added
 
 

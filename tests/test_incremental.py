@@ -11,7 +11,7 @@ from agent.desired import ListCatalog, desired_services
 from agent.model import build_inventory
 from agent.nft import Nft
 from agent.plan import plan
-from agent.reconcile import Reconciler
+from agent.reconcile import Reconciler, collect_cycles
 from agent.render import render
 from agent.settings import Settings
 from tests.conftest import eip, rule
@@ -141,6 +141,35 @@ def test_one_change_among_many_touches_only_its_identity() -> None:
     for command in batch:
         element = next(iter(command.values()))["element"]
         assert element["name"] == "backend_2"
-        keys = [e[0]["elem"]["val"] if isinstance(e, list) else e for e in element["elem"]]  # [key, value] on add
+        keys = [e[0] if isinstance(e, list) else e for e in element["elem"]]  # [key, value] on add
         assert keys == [{"concat": ["172.18.0.10", "tcp", 1007]}]
     assert reconciler.sync(store, store.take()).commands == 0  # nothing changed: nothing sent
+
+
+def test_a_sync_freezes_what_it_kept_and_collect_cycles_still_frees_cycles() -> None:
+    import gc
+    import weakref
+
+    class Node:
+        pass
+
+    cycle = Node()
+    cycle.self = cycle  # type: ignore[attr-defined]
+    gone = weakref.ref(cycle)
+    del cycle  # garbage only the cyclic collector can free
+    store = Store()
+    store.put(eip("eip-a", "172.18.0.10"))
+    store.put(rule("r", 80, "10.0.1.1", eip_name="eip-a"))
+    enabled = gc.isenabled()
+    gc.enable()
+    try:
+        Reconciler(SETTINGS, Nft("ip", "natgw", Accepting())).sync(store, None)
+        assert gc.get_freeze_count() > 0  # the sync's survivors are out of the collector's scans
+        gc.collect()
+        assert gone() is not None  # frozen: a normal collection does not reach it
+        collect_cycles()
+        assert gone() is None and gc.get_freeze_count() == 0
+    finally:
+        gc.unfreeze()
+        if not enabled:
+            gc.disable()
