@@ -106,7 +106,7 @@ class DesiredState:
         self._eips: dict[str, Eip] = {}
         self._results: dict[str, Rule | RuleError] = {}  # this gateway's rules, valid or not
         self._invalid: dict[str, RuleError] = {}  # the RuleErrors among them
-        self._refers: dict[str, set[str]] = {}  # rule name -> EIP names its copies point at (any gateway)
+        self._refers: dict[str, tuple[str, ...]] = {}  # rule name -> EIP names its copies point at (any gateway)
         self._referrers: dict[str, set[str]] = defaultdict(set)  # EIP name -> rule names
         self._members: dict[Identity, set[str]] = defaultdict(set)  # identity -> valid rule names
         self._refused: dict[Identity, list[RuleError]] = {}
@@ -128,7 +128,7 @@ class DesiredState:
         by_kind = index_objects(catalog.objects())
         self._eips = {name: eip_of(name, copies) for name, copies in by_kind[EIP_KIND].items()}
         for name, copies in by_kind[RULE_KIND].items():
-            self._set_rule(name, copies)
+            self._learn_rule(name, copies)
         dirty = before | set(self._members)
         self._regroup(set(self._members))
         return dirty
@@ -166,10 +166,17 @@ class DesiredState:
             self._members[old.identity].discard(name)
         for ref in self._refers.pop(name, ()):
             self._referrers[ref].discard(name)
-        if not copies:
-            return
+        if copies:
+            self._learn_rule(name, copies)
+
+    def _learn_rule(self, name: str, copies: list[dict[str, Any]]) -> None:
+        """Evaluate a rule the state holds nothing of (forgotten by _set_rule, or a rebuild)."""
         # Every copy's EIP (a directory may hold two copies pointing at different EIPs).
-        refs = {ref for c in copies if (ref := eip_reference(c)) is not None}
+        if len(copies) == 1:
+            ref = eip_reference(copies[0])
+            refs: tuple[str, ...] = () if ref is None else (ref,)
+        else:
+            refs = tuple({ref for c in copies if (ref := eip_reference(c)) is not None})
         if refs:
             self._refers[name] = refs
             for ref in refs:

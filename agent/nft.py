@@ -2,6 +2,7 @@
 table back. Nothing here ever names another table."""
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import re
@@ -21,13 +22,37 @@ class Libnftables(Protocol):
 _socket: Any = None
 
 
-def _context() -> Any:
-    import nftables  # distro binding; imported here so pure modules never need it
+def _no_fastbins() -> None:
+    """glibc malloc without fastbins, for this process (mallopt(M_MXFAST, 0)). libnftables
+    allocates and frees some thirty small blocks per map element; with fastbins, glibc
+    then spends ~15% of a large transaction consolidating them (measured at 10,000
+    identities: 505 -> 436 ms). Python's own small objects use pymalloc, unaffected."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(1, 0)  # M_MXFAST = 1
+    except (OSError, AttributeError):  # not glibc: nothing to tune
+        pass
 
-    ctx = nftables.Nftables()
-    ctx.set_json_output(True)
-    ctx.set_handle_output(False)
-    return ctx
+
+class _Context:
+    """A libnftables context (distro binding). json_cmd is the binding's, encoding the
+    document without the cycle check and with compact separators: 30% less time on a
+    10,000-identity batch (106 -> 76 ms), for the same parse on the other side."""
+
+    def __init__(self) -> None:
+        import nftables  # imported here so pure modules never need it
+
+        _no_fastbins()
+        self._ctx = nftables.Nftables()
+        self._ctx.set_json_output(True)  # JSON out; and JSON in, which libnftables tries first
+        self._ctx.set_handle_output(False)
+
+    def json_cmd(self, doc: dict[str, Any]) -> tuple[int, Any, str]:
+        rc, out, err = self._ctx.cmd(json.dumps(doc, check_circular=False, separators=(",", ":")))
+        return rc, json.loads(out) if out else out, err
+
+    def cmd(self, text: str) -> tuple[int, Any, str]:
+        return self._ctx.cmd(text)  # type: ignore[no-any-return]
 
 
 def _kernel_generation() -> int:
@@ -80,7 +105,7 @@ class Nft:
         self._genid: Callable[[], int] | None = None
         reader = backend
         if backend is None:
-            backend, reader = _context(), _context()
+            backend, reader = _Context(), _Context()
             self._genid = _kernel_generation
             _kernel_generation()  # pyroute2's import and socket now, not in the first sync
         self.family = family

@@ -104,7 +104,7 @@ class Reconciler:
         now = time.monotonic()
         for name in stale_chains(change.before, change.wanted):
             self._retiring.setdefault(name, now)
-        flows = self._cleanup(*_differing(change.before, change.wanted))
+        flows = self._cleanup(*_differing(change.before, change.wanted)) if change.before.elements.get(SERVICES) else 0
         result = SyncResult(
             partial=not change.whole,
             commands=len(commands),
@@ -157,7 +157,12 @@ class Reconciler:
         """The kernel took the transaction: make the mirror say so."""
         if change.whole:
             self.mirror, self._pieces = change.wanted, change.pieces
-            self._usage = Counter(name for p in change.pieces.values() for name in p.shared)
+            patterns = Counter(id(p.shared) for p in change.pieces.values())
+            shared = {id(p.shared): p.shared for p in change.pieces.values()}
+            self._usage = Counter()
+            for key, count in patterns.items():
+                for name in shared[key]:
+                    self._usage[name] += count
             return
         assert self.mirror is not None
         elements = self.mirror.elements

@@ -34,6 +34,7 @@ import hashlib
 import itertools
 import re
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Mapping
 
 from agent.desired import Service
@@ -105,7 +106,10 @@ def assign_slots(services: Mapping[Identity, Service], previous: Slots) -> Slots
     """Keep every surviving backend in its slot; give new ones the lowest free slots."""
     result: Slots = {}
     for identity, service in services.items():
-        before = previous.get(identity, {})
+        before = previous.get(identity)
+        if not before:  # a new identity (every one, on a start from an empty table)
+            result[identity] = dict(zip(service.backends, range(len(service.backends))))
+            continue
         kept = {b: s for b, s in before.items() if b in service.backends}
         free = (s for s in itertools.count() if s not in kept.values())
         for backend in service.backends:
@@ -183,7 +187,7 @@ class Pieces:
 
     key: Key
     elements: dict[str, Elem]  # map name -> this identity's element
-    shared: dict[str, Shared]
+    shared: Mapping[str, Shared]  # the same (read-only) mapping for every identity of a pattern
 
 
 def render(services: Mapping[Identity, Service], previous: Ruleset, affinity_set_size: int, priority: int) -> Ruleset:
@@ -197,8 +201,10 @@ def render_all(services: Mapping[Identity, Service], previous: Ruleset, affinity
     slots = assign_slots(services, slots_of(previous))
     pieces = {i: render_service(s, slots[i], affinity_set_size) for i, s in sorted(services.items())}
     rs = base_ruleset(priority)
+    declared: set[int] = set()  # ids of the shared mappings declared so far
     for p in pieces.values():
-        add_pieces(rs, p)
+        add_pieces(rs, p, id(p.shared) not in declared)
+        declared.add(id(p.shared))
     return rs, pieces
 
 
@@ -212,9 +218,10 @@ def base_ruleset(priority: int) -> Ruleset:
     return rs
 
 
-def add_pieces(rs: Ruleset, pieces: Pieces) -> None:
-    for name, shared in pieces.shared.items():
-        declare(rs, name, shared)
+def add_pieces(rs: Ruleset, pieces: Pieces, shared: bool = True) -> None:
+    if shared:
+        for name, definition in pieces.shared.items():
+            declare(rs, name, definition)
     for name, elem in pieces.elements.items():
         rs.elements[name][pieces.key] = elem
 
@@ -241,13 +248,9 @@ def render_service(service: Service, held: Mapping[Backend, int], affinity_set_s
     timeout = service.timeout if service.affinity else None
     target = pattern_chain(order, timeout)
     elements = {SERVICES: Elem({"goto": {"target": target}}, truncate_comment(service.rule_names))}
-    shared = {target: _pattern(order, timeout)}
     for backend, slot in held.items():
         elements[backend_map(slot)] = Elem({"concat": [backend.ip, backend.port]})
-        shared.update(_slot(slot))
-        if timeout is not None:
-            shared.update(_sticky(slot, timeout, affinity_set_size))
-    return Pieces(key, elements, shared)
+    return Pieces(key, elements, _shared(order, timeout, affinity_set_size))
 
 
 def _rule(*expr: Any) -> dict[str, Any]:
@@ -264,6 +267,18 @@ def _numgen_vmap(targets: list[str]) -> dict[str, Any]:
 
 
 # Shared definitions are pure functions of their names' parameters: build each once.
+@functools.lru_cache(maxsize=4096)
+def _shared(order: tuple[int, ...], timeout: int | None, size: int) -> Mapping[str, Shared]:
+    """Everything an identity with backends in these slots needs declared (read-only: one
+    mapping serves every identity of the pattern)."""
+    shared = {pattern_chain(order, timeout): _pattern(order, timeout)}
+    for slot in order:
+        shared.update(_slot(slot))
+        if timeout is not None:
+            shared.update(_sticky(slot, timeout, size))
+    return MappingProxyType(shared)
+
+
 @functools.lru_cache(maxsize=4096)
 def _pattern(order: tuple[int, ...], timeout: int | None) -> Shared:
     if timeout is None:

@@ -140,7 +140,8 @@ def test_hostile_files_beside_a_valid_one(lab, agent):
     assert [(t["table"]["family"], t["table"]["name"]) for t in tables if "table" in t] == [("ip", "natgw")]
     ruleset = agent.nft("list", "ruleset")
     assert [m for m in MARKERS if m in ruleset] == []
-    assert ruleset.count("comment") == 4  # the services element and one per backend: web-b1, web-b2, web-b3
+    assert ruleset.count("comment") == 1  # the services element's: web-b1,web-b2,web-b3
+    assert 'comment "web-b1,web-b2,web-b3"' in ruleset
     assert agent.proc.poll() is None
 
 
