@@ -93,6 +93,29 @@ def text_declaration(command: dict[str, Any]) -> str:
             f"{' counter;' if counter else ''} }}")
 
 
+Counters = dict[tuple[str, str], tuple[int, int]]
+
+
+def counters_of(doc: dict[str, Any]) -> Counters:
+    """{("eip:port/proto", "ip:port"): (packets, bytes)} from the element counters of the
+    backend_<slot> maps in a table listing."""
+    result: Counters = {}
+    for item in doc.get("nftables", []):
+        body = item.get("map", {})
+        if not str(body.get("name", "")).startswith("backend_"):
+            continue
+        for key, data in body.get("elem", []):
+            elem = key.get("elem", {}) if isinstance(key, dict) else {}
+            identity = elem.get("val", {}).get("concat", ()) if isinstance(elem.get("val"), dict) else ()
+            backend = data.get("concat", ()) if isinstance(data, dict) else ()
+            counter = elem.get("counter") or {}
+            if len(identity) == 3 and len(backend) == 2:
+                eip, proto, port = identity
+                result[(f"{eip}:{port}/{proto}", f"{backend[0]}:{backend[1]}")] = (
+                    int(counter.get("packets", 0)), int(counter.get("bytes", 0)))
+    return result
+
+
 def digest(commands: Sequence[dict[str, Any]]) -> str:
     return hashlib.sha256(json.dumps(commands, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -168,35 +191,29 @@ class Nft:
 
     def read(self) -> Ruleset | None:
         """The table as the kernel holds it, or None if it does not exist."""
+        doc = self._listing()
+        return None if doc is None else from_listing(doc)
+
+    def read_counted(self) -> tuple[Ruleset, Counters] | None:
+        """The table and its per-backend counters from one listing (None: no table)."""
+        doc = self._listing()
+        return None if doc is None else (from_listing(doc), counters_of(doc))
+
+    def backend_counters(self) -> Counters:
+        """The per-backend counters (empty if the table cannot be listed)."""
+        try:
+            doc = self._listing()
+        except ApplyError:
+            return {}
+        return {} if doc is None else counters_of(doc)
+
+    def _listing(self) -> dict[str, Any] | None:
         rc, out, err = self._reader.json_cmd({"nftables": [{"list": {"table": {"family": self.family, "name": self.table}}}]})
         if rc != 0:
             if "No such file or directory" in str(err):
                 return None
             raise ApplyError(rc, str(err), "list-table", 1)
-        return from_listing(out if isinstance(out, dict) else json.loads(out))
-
-    def backend_counters(self) -> dict[tuple[str, str], tuple[int, int]]:
-        """{("eip:port/proto", "ip:port"): (packets, bytes)} from the per-backend element
-        counters of the backend_<slot> maps."""
-        rc, out, err = self._reader.json_cmd({"nftables": [{"list": {"table": {"family": self.family, "name": self.table}}}]})
-        if rc != 0:
-            return {}
-        doc = out if isinstance(out, dict) else json.loads(out)
-        result: dict[tuple[str, str], tuple[int, int]] = {}
-        for item in doc.get("nftables", []):
-            body = item.get("map", {})
-            if not str(body.get("name", "")).startswith("backend_"):
-                continue
-            for key, data in body.get("elem", []):
-                elem = key.get("elem", {}) if isinstance(key, dict) else {}
-                identity = elem.get("val", {}).get("concat", ()) if isinstance(elem.get("val"), dict) else ()
-                backend = data.get("concat", ()) if isinstance(data, dict) else ()
-                counter = elem.get("counter") or {}
-                if len(identity) == 3 and len(backend) == 2:
-                    eip, proto, port = identity
-                    result[(f"{eip}:{port}/{proto}", f"{backend[0]}:{backend[1]}")] = (
-                        int(counter.get("packets", 0)), int(counter.get("bytes", 0)))
-        return result
+        return out if isinstance(out, dict) else json.loads(out)
 
     def set_elements(self, name: str) -> list[Key]:
         """Keys of a (dynamic) set's elements."""

@@ -15,10 +15,10 @@ from agent.ruleset import Ruleset
 def inspect(nft: Nft, only: str | None = None) -> list[dict[str, Any]] | None:
     """Every identity the kernel serves (or the one named `only`, as EIP:PORT/PROTO), with
     its backends, their slots, counters and pinned clients; None if there is no table."""
-    ruleset = nft.read()
-    if ruleset is None:
+    listed = nft.read_counted()
+    if listed is None:
         return None
-    counters = nft.backend_counters()
+    ruleset, counters = listed
     pinned = _pinned(nft, ruleset)
     slots = slots_of(ruleset)
     found = []

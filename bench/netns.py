@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -141,3 +142,23 @@ def install_signal_handlers() -> None:
 
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _raise)
+
+
+def _cpu_times() -> tuple[int, int]:
+    """(busy, total) jiffies over all CPUs, from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def settle(max_wait: float, busy_below: float = 0.15, window: float = 0.5) -> float:
+    """Wait until the machine is quiet: the previous case's namespace teardown (the kernel
+    frees a big table in a work queue after `ip netns del` returns) must not run on the
+    CPUs while the next case is timed. Returns the seconds waited (at most about max_wait)."""
+    start = time.monotonic()
+    while True:
+        b0, t0 = _cpu_times()
+        time.sleep(window)
+        b1, t1 = _cpu_times()
+        if t1 == t0 or (b1 - b0) / (t1 - t0) < busy_below or time.monotonic() - start >= max_wait:
+            return time.monotonic() - start

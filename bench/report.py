@@ -327,7 +327,10 @@ def markdown(res: dict[str, Any]) -> str:
         f"All approaches program the same identities: identity *i* is `172.18.x.y:(1000 + i mod 100)/tcp` "
         f"(100 ports per EIP, so 10,000 identities use 100 EIPs) with {BACKENDS} distinct backends `10.1.x.y:8080`; "
         f"ClientIP runs give every identity a {TIMEOUT} s timeout. Every case runs in a network namespace created "
-        "for it and deleted after it; nothing touches the root namespace.",
+        "for it and deleted after it; nothing touches the root namespace. Before each timed sync case the benchmark "
+        f"waits (up to {res.get('config', {}).get('settle_max', 20):.0f} s) until the CPUs are below 15% busy over half "
+        "a second: the kernel frees a deleted namespace's tables in a work queue after `ip netns del` returns, and "
+        "that must not run while the next case is timed.",
         "",
         "- **legacy**: the legacy script's way (REFERENCE section 3), from its description: one `nft -f -` process per "
         "identity with what `nft-dnat-map-add` sends for it: table, base chain and `service-ips` map declared idempotently, "

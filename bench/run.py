@@ -42,6 +42,7 @@ class Config:
     dp_warmup: int
     retire_delay: float = 1.0
     agent_retry_wait: float = 60.0
+    settle_max: float = 20.0  # before each timed case, wait up to this long for a quiet machine
 
 
 FULL = Config(mode="full", sizes=(100, 1000, 10000), legacy_max=1000, change_sizes=(100, 10000),
@@ -50,7 +51,8 @@ FULL = Config(mode="full", sizes=(100, 1000, 10000), legacy_max=1000, change_siz
               dp_runs=5, dp_connections=2000, dp_warmup=50)
 QUICK = Config(mode="quick", sizes=(10, 100), legacy_max=100, change_sizes=(10, 100), legacy_clientip_change_max=100,
                dp_kinds=("agent", "agent-clientip", "iptables-legacy", "iptables-nft"), dp_sizes=(10, 1000),
-               dp_runs=3, dp_connections=300, dp_warmup=20, retire_delay=0.2, agent_retry_wait=20.0)
+               dp_runs=3, dp_connections=300, dp_warmup=20, retire_delay=0.2, agent_retry_wait=20.0,
+               settle_max=2.0)
 
 
 def _version(argv: list[str]) -> str:
@@ -85,6 +87,7 @@ def run(cfg: Config, log: Any = print) -> dict[str, Any]:
         for n in cfg.sizes:
             if n <= cfg.legacy_max:
                 log(f"legacy {label} {n} identities ({n} nft processes)")
+                netns.settle(cfg.settle_max)
                 r = sync.legacy_full(n, affinity, do_change=n in cfg.change_sizes
                                      or (affinity and n == cfg.legacy_clientip_change_max))
                 results["legacy"].append(r)
@@ -93,10 +96,12 @@ def run(cfg: Config, log: Any = print) -> dict[str, Any]:
             elif measured_legacy is not None:
                 results["legacy_extrapolated"].append(sync.legacy_extrapolate(measured_legacy, n))
             log(f"kube-proxy {label} {n} identities (one batch)")
+            netns.settle(cfg.settle_max)
             r = sync.kubeproxy_case(n, affinity, do_change=n in cfg.change_sizes, retire_delay=cfg.retire_delay)
             results["kubeproxy"].append(r)
             log(f"  {fmt_s(r['seconds'])}, check {r['check']['ok']}")
             log(f"agent {label} {n} identities")
+            netns.settle(cfg.settle_max)
             r = sync.agent_case(n, affinity, retry_wait=cfg.agent_retry_wait, log=log)
             results["agent"].append(r)
             if "error" in r:
@@ -106,6 +111,7 @@ def run(cfg: Config, log: Any = print) -> dict[str, Any]:
         for n in cfg.change_sizes:
             if n > cfg.legacy_max and (not affinity or n <= cfg.legacy_clientip_change_max):
                 log(f"legacy {label}: one change with {n} present (table loaded in one batch first)")
+                netns.settle(cfg.settle_max)
                 r = sync.legacy_change_at(n, affinity)
                 results["changes"].append(r)
                 log(f"  {fmt_s(r['seconds'])}, check {r['check']['ok']}")
