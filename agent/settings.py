@@ -50,7 +50,7 @@ class Settings:
 
     drift_readback_gap: float = 2.0
     """Least seconds between two drift read-backs (a read-back of 10,000 identities takes
-    ~2 s of CPU): transactions of other tables cannot keep the agent listing its own."""
+    ~1.2 s of CPU): transactions of other tables cannot keep the agent listing its own."""
 
     retry_min: float = 0.5
     """First retry delay after a failed apply, in seconds; doubles on each failure."""

@@ -1,7 +1,9 @@
 """Run inside a fresh network namespace: program the examples, then sync them again with
-a new affinity set size and base chain priority (what a settings change or an upgrade
-does). Prints one JSON line: the transactions it took, whether the kernel then equals the
-mirror, and the declarations and elements the kernel holds before and after."""
+a new affinity set size and base chain priority (`settings`: what a settings change does),
+or load the examples as the previous layout held them (separate addr_/port_ maps) and
+sync them with this one (`upgrade`). Prints one JSON line: the transactions the second
+sync took, whether the kernel then equals the mirror, and the declarations and element
+counts the kernel holds before and after."""
 from __future__ import annotations
 
 import json
@@ -18,14 +20,18 @@ from agent.reconcile import Reconciler  # noqa: E402
 from agent.settings import Settings  # noqa: E402
 
 
-def main() -> None:
+def main(mode: str) -> None:
     source = DirectorySource(ROOT / "examples")
     source.poll()
     nft = Nft("ip", "natgw")
-    Reconciler(Settings(gateway="gw1", conntrack=False), nft).sync(source.objects())
+    if mode == "upgrade":
+        nft.apply(json.loads((ROOT / "netns-tests" / "layout-addr-port.json").read_text())["nftables"])
+        changed = Settings(gateway="gw1", conntrack=False)
+    else:
+        Reconciler(Settings(gateway="gw1", conntrack=False), nft).sync(source.objects())
+        changed = Settings(gateway="gw1", conntrack=False, affinity_set_size=1024, priority=-161)
     before = nft.read()
     first = nft.transactions
-    changed = Settings(gateway="gw1", conntrack=False, affinity_set_size=1024, priority=-161)
     reconciler = Reconciler(changed, nft)
     reconciler.sync(source.objects())
     after = nft.read()
@@ -35,9 +41,10 @@ def main() -> None:
         "converged": plan(after, reconciler.mirror, "ip", "natgw") == [],
         "sets_before": before.sets, "sets_after": after.sets,
         "prio": after.chains["prerouting"]["prio"],
-        "elements_kept": {n: len(e) for n, e in before.elements.items()} == {n: len(e) for n, e in after.elements.items()},
+        "elements_before": {n: len(e) for n, e in before.elements.items()},
+        "elements_after": {n: len(e) for n, e in after.elements.items()},
     }))
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1])

@@ -25,22 +25,40 @@ def test_random_partial_syncs_keep_kernel_and_mirror_equal() -> None:
         subprocess.run(["ip", "netns", "del", ns], check=False)
 
 
+def redeclare(mode: str) -> dict:
+    ns = f"ngwdecl-{uuid.uuid4().hex[:6]}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "netns-tests/redeclare.py", mode],
+                             cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
 def test_a_settings_change_redeclares_in_one_transaction() -> None:
     """New affinity set size and priority: the kernel takes the flush-delete-redeclare batch
     (sets deleted after the rules that used them, in the same transaction) at once, and
     the backend maps, declared in nft text, stay as they were."""
-    ns = f"ngwdecl-{uuid.uuid4().hex[:6]}"
-    subprocess.run(["ip", "netns", "add", ns], check=True)
-    try:
-        out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "netns-tests/redeclare.py"],
-                             cwd=ROOT, capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0, out.stderr[-3000:]
-        report = json.loads(out.stdout.strip().splitlines()[-1])
-        assert report["transactions"] == 1 and report["converged"] and report["elements_kept"], report
-        assert report["prio"] == -161
-        assert {n: d.get("size") for n, d in report["sets_after"].items() if n.startswith("aff_")} == \
-            {"aff_0": 1024, "aff_1": 1024, "aff_2": 1024}
-        backend_maps = {n: d for n, d in report["sets_before"].items() if n.startswith("backend_")}
-        assert len(backend_maps) == 3 and all(report["sets_after"][n] == d for n, d in backend_maps.items())
-    finally:
-        subprocess.run(["ip", "netns", "del", ns], check=False)
+    report = redeclare("settings")
+    assert report["transactions"] == 1 and report["converged"], report
+    assert report["elements_before"] == report["elements_after"]
+    assert report["prio"] == -161
+    assert {n: d.get("size") for n, d in report["sets_after"].items() if n.startswith("aff_")} == \
+        {"aff_0": 1024, "aff_1": 1024, "aff_2": 1024}
+    backend_maps = {n: d for n, d in report["sets_before"].items() if n.startswith("backend_")}
+    assert len(backend_maps) == 3 and all(report["sets_after"][n] == d for n, d in backend_maps.items())
+
+
+def test_an_upgrade_from_separate_address_and_port_maps() -> None:
+    """A table the previous layout programmed (addr_<s> + port_<s>) becomes this layout in
+    one text declaration and one JSON transaction; the affinity sets (same declaration in
+    both) are kept, so pinned clients stay pinned across the upgrade."""
+    report = redeclare("upgrade")
+    assert report["transactions"] == 2 and report["converged"], report
+    assert {n for n in report["sets_before"] if n.startswith(("addr_", "port_"))} == \
+        {"addr_0", "addr_1", "addr_2", "port_0", "port_1", "port_2"}
+    assert not any(n.startswith(("addr_", "port_")) for n in report["sets_after"])
+    assert report["elements_after"] == {"services": 3, "backend_0": 3, "backend_1": 3, "backend_2": 3}
+    assert all(report["sets_after"][n] == d for n, d in report["sets_before"].items() if n.startswith("aff_"))
