@@ -104,7 +104,7 @@ class Reconciler:
         now = time.monotonic()
         for name in stale_chains(change.before, change.wanted):
             self._retiring.setdefault(name, now)
-        flows = self._cleanup(*_differing(change.before, change.wanted)) if change.before.elements.get(SERVICES) else 0
+        flows = self._cleanup(change.before, change.wanted)
         result = SyncResult(
             partial=not change.whole,
             commands=len(commands),
@@ -193,11 +193,13 @@ class Reconciler:
     def _apply(self, commands: list[dict[str, Any]]) -> None:
         if not commands:
             return
-        before = self.nft.generation()
+        before, sent = self.nft.generation(), self.nft.transactions
         self.nft.apply(commands)
-        # Exactly one generation later: ours was the only transaction in between, so the
-        # drift check may trust it; anything else makes the next check read back.
-        self._generation = before + 1 if self.nft.generation() == before + 1 else -1
+        # Exactly as many generations later as transactions we sent (two when new backend
+        # maps were declared first): no one else's came in between, so the drift check
+        # may trust it; anything else makes the next check read back.
+        ours = before + self.nft.transactions - sent
+        self._generation = ours if self.nft.generation() == ours else -1
 
     def check_drift(self) -> bool:
         """Cheap unless something changed: the kernel's ruleset generation moves with every
@@ -249,7 +251,10 @@ class Reconciler:
         backends) go now; affinity entries that no longer point at their backend are noted
         for clean_affinity(). After the transaction, so no new such entry can appear."""
         if not before.elements.get(SERVICES):
-            return 0  # nothing was there to go
+            return 0  # nothing was there to go (a start from an empty table)
+        before, after = _differing(before, after)
+        if not before.elements.get(SERVICES):
+            return 0  # no identity that was there changed
         flows = 0
         old_ids = {key_identity(k) for k in before.elements.get(SERVICES, {})}
         new_ids = {key_identity(k) for k in after.elements.get(SERVICES, {})}

@@ -173,3 +173,19 @@ def test_a_sync_freezes_what_it_kept_and_collect_cycles_still_frees_cycles() -> 
         gc.unfreeze()
         if not enabled:
             gc.disable()
+
+
+def test_declaring_backend_maps_first_is_not_mistaken_for_drift() -> None:
+    """A sync that declares new backend maps sends two transactions (text, then JSON); the
+    drift check must count both as the agent's own and not read the table back."""
+    store = Store()
+    store.put(eip("eip-a", "172.18.0.10"))
+    store.put(rule("r", 80, "10.0.1.1", eip_name="eip-a"))
+    backend = Accepting()
+    nft = Nft("ip", "natgw", backend)
+    reconciler = Reconciler(SETTINGS, nft)
+    reconciler.sync(store, None)
+    assert len(backend.texts) == 1 and nft.generation() == 2
+    assert reconciler.check_drift() is False  # a read-back here would find no table: "drift"
+    nft.transactions += 1  # someone else's transaction moves the generation
+    assert reconciler.check_drift() is True  # ... and then the table is read back
