@@ -350,7 +350,8 @@ def markdown(res: dict[str, Any]) -> str:
         f"{RULES_PER_FILE_IDENTITIES * BACKENDS:,} rules per file, plus `eips.json`), then "
         "`Reconciler(Settings(gateway=\"gw1\", conntrack=False), Nft(\"ip\", \"natgw\")).sync(src.objects())` from an empty "
         "table, timed with `perf_counter` (the parse is timed and reported separately; \"of which libnftables\" is the time "
-        "inside the Nft context's `json_cmd` calls). Then a no-op sync, one identity's change (its rules file rewritten "
+        "inside the Nft contexts' `json_cmd` and `cmd` calls, JSON encoding included). Then a no-op sync, one "
+        "identity's change (its rules file rewritten "
         "atomically with one rule's `internalIp` changed, `poll()` twice since the source reads a changed file once it "
         "held still for one poll, then `sync`), `python -m agent.cli show` as a subprocess, and the peak RSS "
         "(`ru_maxrss`) of the driver process.",
