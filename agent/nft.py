@@ -84,13 +84,13 @@ def text_declaration(command: dict[str, Any]) -> str:
     body = dict(command["add"]["map"])
     family, table, name = body.pop("family"), body.pop("table"), body.pop("name")
     key, data = body.pop("type"), str(body.pop("map")).split(" . ")
-    counter = body.pop("stmt", None) == [{"counter": None}]
-    words = [family, table, name, *key, *data]
-    if body or family != "ip" or not all(isinstance(w, str) and _WORD.fullmatch(w) for w in words) \
-            or not set(key) | set(data) <= _TYPES:
+    stmt = body.pop("stmt", None)
+    names_ok = all(isinstance(w, str) and _WORD.fullmatch(w) for w in (table, name))
+    types_ok = isinstance(key, list) and all(isinstance(t, str) and t in _TYPES for t in (*key, *data))
+    if body or family != "ip" or stmt not in (None, [{"counter": None}]) or not names_ok or not types_ok:
         raise ValueError(f"cannot declare map in nft text: {command!r}")
     return (f"add map {family} {table} {name} {{ type {' . '.join(key)} : {' . '.join(data)};"
-            f"{' counter;' if counter else ''} }}")
+            f"{' counter;' if stmt else ''} }}")
 
 
 Counters = dict[tuple[str, str], tuple[int, int]]
