@@ -19,7 +19,7 @@ from agent.events import EventRecorder
 from agent.health import Health, serve
 from agent.kubesource import KubeSource
 from agent.metrics import Metrics
-from agent.nft import Nft
+from agent.nft import IDENTIFIER, Nft
 from agent.plan import document, plan
 from agent.reconcile import Reconciler, Source, run_loop
 from agent.render import render
@@ -30,11 +30,19 @@ from agent.nfttext import to_text
 from agent.show import format_show, inspect
 
 
+def _table_name(value: str) -> str:
+    # Checked here, not at the first sync: the agent names its table in nft text too (nft.py).
+    if not IDENTIFIER.fullmatch(value):
+        raise argparse.ArgumentTypeError(f"{value!r}: letters, digits and _ only, at most 64, not starting with a digit")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="natgw-agent", description=__doc__)
     p.add_argument("--log-format", choices=["auto", "json", "console"], default="auto")
     p.add_argument("--log-level", default="info")
-    p.add_argument("--table", default=Settings.table, help="the nftables table (family ip) the agent owns")
+    p.add_argument("--table", default=Settings.table, type=_table_name,
+                   help="the nftables table (family ip) the agent owns (letters, digits, _)")
     sub = p.add_subparsers(dest="command", required=True)
     for name, text in (("run", "program and keep programming the gateway"),
                        ("render", "print the desired state as the nft JSON it would send, touching nothing"),

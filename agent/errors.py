@@ -19,11 +19,14 @@ class RuleError(Exception):
 
 
 class ApplyError(Exception):
-    """libnftables rejected a transaction; nothing of it was applied (batches are atomic)."""
+    """libnftables rejected a transaction; nothing of it was applied (batches are atomic).
+    `partial`: an earlier transaction of the same apply had committed (Nft.apply splits
+    one only to redeclare a map someone else altered), so the kernel did change."""
 
-    def __init__(self, rc: int, message: str, digest: str, commands: int) -> None:
+    def __init__(self, rc: int, message: str, digest: str, commands: int, partial: bool = False) -> None:
         self.rc = rc
         self.message = message.strip()
         self.digest = digest
         self.commands = commands
+        self.partial = partial
         super().__init__(f"nftables rc={rc} digest={digest} commands={commands}: {self.message}")

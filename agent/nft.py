@@ -69,7 +69,7 @@ def _kernel_generation() -> int:
 
 
 # What text_declaration() may write: names and types the agent itself generates.
-_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 _TYPES = frozenset({"ipv4_addr", "inet_proto", "inet_service"})
 
 
@@ -85,7 +85,7 @@ def text_declaration(command: dict[str, Any]) -> str:
     family, table, name = body.pop("family"), body.pop("table"), body.pop("name")
     key, data = body.pop("type"), str(body.pop("map")).split(" . ")
     stmt = body.pop("stmt", None)
-    names_ok = all(isinstance(w, str) and _WORD.fullmatch(w) for w in (table, name))
+    names_ok = all(isinstance(w, str) and IDENTIFIER.fullmatch(w) for w in (table, name))
     types_ok = isinstance(key, list) and all(isinstance(t, str) and t in _TYPES for t in (*key, *data))
     if body or family != "ip" or stmt not in (None, [{"counter": None}]) or not names_ok or not types_ok:
         raise ValueError(f"cannot declare map in nft text: {command!r}")
@@ -161,19 +161,25 @@ class Nft:
         commits, they change nothing in the data plane meanwhile, and a failed batch
         leaves at most those (the next read-back deletes them if unwanted). Only a batch
         that deletes the table (plan() does so only to repair a declaration someone else
-        altered) is split around that delete, and so not atomic."""
+        altered) is split around that delete, and so not atomic: an ApplyError after the
+        delete committed says `partial`."""
         if not commands:
             return
         texts = [text_declaration(c) for c in commands if needs_text(c)]
         rest = [c for c in commands if not needs_text(c)]
-        if texts:
-            if not _WORD.fullmatch(self.table):
-                raise ValueError(f"table name {self.table!r} is not an nft identifier")
-            cut = next((i + 1 for i, c in enumerate(rest) if "table" in c.get("delete", {})), 0)
-            self._json(rest[:cut])
+        if not texts:
+            self._json(rest)
+            return
+        if not IDENTIFIER.fullmatch(self.table):
+            raise ValueError(f"table name {self.table!r} is not an nft identifier")
+        cut = next((i + 1 for i, c in enumerate(rest) if "table" in c.get("delete", {})), 0)
+        self._json(rest[:cut])
+        try:
             self._text("\n".join([f"add table {self.family} {self.table}", *texts]), len(texts))
-            rest = rest[cut:]
-        self._json(rest)
+            self._json(rest[cut:])
+        except ApplyError as err:
+            err.partial = cut > 0
+            raise
 
     def _json(self, commands: list[dict[str, Any]]) -> None:
         if not commands:

@@ -72,8 +72,9 @@ class Reconciler:
     def sync(self, catalog: Catalog | Iterable[Any], changed: Iterable[Key] | None = None) -> SyncResult:
         """Bring the kernel to the desired state of the catalog's objects; `changed` names
         the objects changed since the last sync (None: unknown, evaluate everything).
-        Raises ApplyError (the kernel unchanged) when the transaction is refused; the next
-        sync then reads the kernel back and covers everything."""
+        Raises ApplyError when the transaction is refused (the kernel unchanged, unless
+        the error says `partial`); the next sync then reads the kernel back and covers
+        everything."""
         if not hasattr(catalog, "named"):
             catalog, changed = ListCatalog(catalog), None
         with _gc_paused():
@@ -297,10 +298,12 @@ class Reconciler:
 def _gc_paused() -> Iterator[None]:
     """A whole sync allocates ~10 objects per rule while 100,000s stay alive; the cyclic
     collector would rescan them all many times over (measured: half of a 10k-identity
-    sync). Reference counting still frees everything acyclic meanwhile. What the sync
-    allocated and kept is the agent's long-lived state: it is frozen out of the collector
-    (else the first collection after the sync scans all of it: 75 ms at 10k identities,
-    then 210 ms for the next full one); cycles among it wait for collect_cycles()."""
+    sync). Reference counting still frees everything acyclic meanwhile. Afterwards every
+    object alive (gc.freeze is process-wide: the sync's long-lived state, and whatever
+    other threads hold) is frozen out of the collector, else the first collection after
+    a whole sync scans all of it (75 ms at 10k identities, then 210 ms for the next full
+    one). Frozen objects are still freed by reference counting; cyclic garbage among them
+    waits for collect_cycles(), once per resync interval."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -418,7 +421,7 @@ def run_loop(settings: Settings, source: Source, reconciler: Reconciler, stop: t
                 health.failed(str(err))
                 metrics.failures.inc()
                 delay = backoff.next()
-                log.error("apply failed; kernel unchanged, will read back and retry",
+                log.error("apply failed; will read back and retry", kernel_unchanged=not err.partial,
                           rc=err.rc, digest=err.digest, commands=err.commands, error=err.message, retry_in=round(delay, 2))
                 retry_at = now + delay
             except Exception as err:

@@ -128,6 +128,22 @@ def slots_of(ruleset: Ruleset) -> Slots:
         for key, elem in elements.items():
             if (backend := _backend(elem)) is not None:
                 slots.setdefault(key_identity(key), {})[backend] = slot
+    for identity, held in _earlier_layout_slots(ruleset).items():
+        slots.setdefault(identity, held)
+    return slots
+
+
+def _earlier_layout_slots(ruleset: Ruleset) -> Slots:
+    """Slots as an earlier version held them (an addr_<s> and a port_<s> map per slot),
+    so that upgrading keeps every backend in its slot and so its clients' affinity."""
+    slots: Slots = {}
+    for name, addresses in ruleset.elements.items():
+        tail = name.removeprefix("addr_")
+        ports = ruleset.elements.get(f"port_{tail}") if tail != name and tail.isdigit() else None
+        for key, elem in addresses.items() if ports else ():
+            port = ports.get(key)
+            if isinstance(elem.value, str) and port is not None and isinstance(port.value, int):
+                slots.setdefault(key_identity(key), {})[Backend(elem.value, port.value)] = int(tail)
     return slots
 
 

@@ -17,7 +17,24 @@ from agent.dirsource import DirectorySource  # noqa: E402
 from agent.nft import Nft  # noqa: E402
 from agent.plan import plan  # noqa: E402
 from agent.reconcile import Reconciler  # noqa: E402
+from agent.render import key_identity, slots_of  # noqa: E402
 from agent.settings import Settings  # noqa: E402
+
+
+APP = ["172.18.0.10", "tcp", 443]  # the ClientIP identity of the examples
+CLIENT = "192.168.100.7"
+
+
+def _swapped(commands: list[dict], first: str, second: str, key: list) -> list[dict]:
+    """The commands with the two maps' values for one key exchanged."""
+    values = {}
+    for c in commands:
+        body = c.get("add", {}).get("element", {})
+        for item in body.get("elem", []) if body.get("name") in (first, second) else []:
+            if item[0]["elem"]["val"]["concat"] == key:
+                values[body["name"]] = item
+    values[first][1], values[second][1] = values[second][1], values[first][1]
+    return commands
 
 
 def main(mode: str) -> None:
@@ -25,7 +42,10 @@ def main(mode: str) -> None:
     source.poll()
     nft = Nft("ip", "natgw")
     if mode == "upgrade":
-        nft.apply(json.loads((ROOT / "netns-tests" / "layout-addr-port.json").read_text())["nftables"])
+        old = json.loads((ROOT / "netns-tests" / "layout-addr-port.json").read_text())["nftables"]
+        nft.apply(_swapped(old, "addr_0", "addr_2", APP))  # slots out of sorted order, as history leaves them
+        nft.apply([{"add": {"element": {"family": "ip", "table": "natgw", "name": "aff_0",
+                                        "elem": [{"concat": [CLIENT, *APP]}]}}}])  # a client pinned to slot 0
         changed = Settings(gateway="gw1", conntrack=False)
     else:
         Reconciler(Settings(gateway="gw1", conntrack=False), nft).sync(source.objects())
@@ -41,6 +61,8 @@ def main(mode: str) -> None:
         "converged": plan(after, reconciler.mirror, "ip", "natgw") == [],
         "sets_before": before.sets, "sets_after": after.sets,
         "prio": after.chains["prerouting"]["prio"],
+        "app_slots": {str(b): slot for b, slot in slots_of(after).get(key_identity(tuple(APP)), {}).items()},
+        "aff_0": [list(k) for k in nft.set_elements("aff_0")],
         "elements_before": {n: len(e) for n, e in before.elements.items()},
         "elements_after": {n: len(e) for n, e in after.elements.items()},
     }))

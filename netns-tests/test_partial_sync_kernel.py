@@ -53,9 +53,12 @@ def test_a_settings_change_redeclares_in_one_transaction() -> None:
 
 def test_an_upgrade_from_separate_address_and_port_maps() -> None:
     """A table the previous layout programmed (addr_<s> + port_<s>) becomes this layout in
-    one text declaration and one JSON transaction; the affinity sets (same declaration in
-    both) are kept, so pinned clients stay pinned across the upgrade."""
+    one text declaration and one JSON transaction; every backend keeps its slot (here out
+    of sorted order) and the affinity sets are kept, so pinned clients stay pinned to
+    their backend across the upgrade."""
     report = redeclare("upgrade")
+    assert report["app_slots"] == {"10.0.1.13:9090": 0, "10.0.1.12:9090": 1, "10.0.1.11:9090": 2}, report
+    assert report["aff_0"] == [["192.168.100.7", "172.18.0.10", "tcp", 443]]  # still pinned, to .13
     assert report["transactions"] == 2 and report["converged"], report
     assert {n for n in report["sets_before"] if n.startswith(("addr_", "port_"))} == \
         {"addr_0", "addr_1", "addr_2", "port_0", "port_1", "port_2"}

@@ -39,3 +39,32 @@ def test_declarations_go_first_in_their_own_transaction_with_the_table():
     (batch,) = backend.batches  # everything else: one JSON transaction, without the declaration
     assert [next(iter(c["add"])) for c in batch] == ["table", "element"]
     assert nft.transactions == 2
+
+
+@pytest.mark.parametrize("table", ["nat-gw", "1natgw", "x" * 65, "natgw;"])
+def test_a_table_name_nft_text_cannot_carry_is_refused_at_start(table, capsys):
+    from agent.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--table", table, "show"])
+    assert exit_.value.code == 2 and "--table" in capsys.readouterr().err
+
+
+class RefusingElements(Accepting):
+    def json_cmd(self, doc):  # type: ignore[no-untyped-def]
+        if any("element" in c.get("add", {}) for c in doc["nftables"]):
+            return 1, "", "Error: Could not process rule: No such file or directory"
+        return super().json_cmd(doc)
+
+
+@pytest.mark.parametrize("rebuild", [False, True])
+def test_a_refused_batch_says_whether_an_earlier_part_committed(rebuild):
+    from agent.errors import ApplyError
+
+    table = {"family": "ip", "name": "natgw"}
+    commands = [*([{"delete": {"table": table}}] if rebuild else []), {"add": {"table": table}}, {"add": {"map": DECL}},
+                {"add": {"element": {"family": "ip", "table": "natgw", "name": "backend_3",
+                                     "elem": [[{"concat": ["172.18.0.10", "tcp", 80]}, {"concat": ["10.0.1.1", 8080]}]]}}}]
+    with pytest.raises(ApplyError) as refused:
+        Nft("ip", "natgw", RefusingElements()).apply(commands)
+    assert refused.value.partial is rebuild  # the table's delete had committed: the kernel changed
