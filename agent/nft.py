@@ -160,9 +160,9 @@ class Nft:
         text transaction of their own: empty and unreferenced until the JSON batch
         commits, they change nothing in the data plane meanwhile, and a failed batch
         leaves at most those (the next read-back deletes them if unwanted). Only a batch
-        that deletes the table (plan() does so only to repair a declaration someone else
-        altered) is split around that delete, and so not atomic: an ApplyError after the
-        delete committed says `partial`."""
+        that first deletes the table or such a map (plan() does so only to repair a
+        declaration someone else altered) is split after those deletes, and so is not
+        atomic: an ApplyError after they committed says `partial`."""
         if not commands:
             return
         texts = [text_declaration(c) for c in commands if needs_text(c)]
@@ -172,7 +172,10 @@ class Nft:
             return
         if not IDENTIFIER.fullmatch(self.table):
             raise ValueError(f"table name {self.table!r} is not an nft identifier")
-        cut = next((i + 1 for i, c in enumerate(rest) if "table" in c.get("delete", {})), 0)
+        declared = {c["add"]["map"]["name"] for c in commands if needs_text(c)}
+        cut = max((i + 1 for i, c in enumerate(rest)
+                   if "table" in c.get("delete", {}) or c.get("delete", {}).get("map", {}).get("name") in declared),
+                  default=0)
         self._json(rest[:cut])
         try:
             self._text("\n".join([f"add table {self.family} {self.table}", *texts]), len(texts))

@@ -19,30 +19,12 @@ def plan(current: Ruleset | None, desired: Ruleset, family: str, table: str) -> 
 
     An unchanged ruleset yields no command at all. A changed declaration (a set's type or
     size, the base chain's priority: an upgrade or a settings change) cannot be altered in
-    place: every rule is flushed, the changed objects are deleted and declared anew, all
-    in the same transaction. Only a declaration that cannot be redone that way (a chain
-    that elements point at, a map declared in text: someone else altered it) makes the
-    table go and come back whole.
+    place: see _redeclare().
     """
     ref = {"family": family, "table": table}
     cmds: list[Command] = []
     if current is not None:
-        sets = [n for n, d in desired.sets.items() if n in current.sets and current.sets[n] != d]
-        chains = [n for n, d in desired.chains.items() if n in current.chains and current.chains[n] != d]
-        if any("hook" not in desired.chains[n] for n in chains) or \
-                any(concat_data(current.sets[n]) or concat_data(desired.sets[n]) for n in sets):
-            cmds.append({"delete": {"table": {"family": family, "name": table}}})
-            current = None
-        elif sets or chains:
-            cmds.append({"flush": {"table": {"family": family, "name": table}}})
-            cmds.extend({"delete": {_set_kind(current.sets[n]): {**ref, "name": n}}} for n in sets)
-            cmds.extend({"delete": {"chain": {**ref, "name": n}}} for n in chains)
-            current = Ruleset(
-                sets={n: d for n, d in current.sets.items() if n not in sets},
-                chains={n: d for n, d in current.chains.items() if n not in chains},
-                rules={n: () for n in current.chains if n not in chains},
-                elements={n: e for n, e in current.elements.items() if n not in sets},
-            )
+        current = _redeclare(current, desired, ref, cmds)
     if current is None:
         cmds.append({"add": {"table": {"family": family, "name": table}}})
         current = EMPTY
@@ -101,6 +83,45 @@ def stale_chains(current: Ruleset | None, desired: Ruleset) -> list[str]:
 def retire(chains: list[str], family: str, table: str) -> list[Command]:
     """Delete chains emptied by an earlier transaction (nothing points at them any more)."""
     return [{"delete": {"chain": {"family": family, "table": table, "name": n}}} for n in chains]
+
+
+def _redeclare(current: Ruleset, desired: Ruleset, ref: dict[str, str], cmds: list[Command]) -> Ruleset | None:
+    """Delete what is declared differently (appending the commands); returns the table as
+    it stands after them (None: deleted whole), for the rest of the plan to fill.
+
+    Every rule is flushed and the changed sets and chains are deleted, then declared anew
+    by the rest of the plan, all in one transaction. A map only nft text can declare
+    (concat_data: someone else altered one) is emptied of its users and deleted first;
+    Nft.apply commits that, declares it, then the rest: only the new connections that pick
+    its slot meanwhile go without NAT. A changed chain that is not a base chain (map
+    elements point at it, so it cannot be deleted) makes the table go and come back whole.
+    """
+    sets = [n for n, d in desired.sets.items() if n in current.sets and current.sets[n] != d]
+    chains = [n for n, d in desired.chains.items() if n in current.chains and current.chains[n] != d]
+    if any("hook" not in desired.chains[n] for n in chains):
+        cmds.append({"delete": {"table": {"family": ref["family"], "name": ref["table"]}}})
+        return None
+    texts = [n for n in sets if concat_data(current.sets[n]) or concat_data(desired.sets[n])]
+    if texts:
+        refs = {f'"@{n}"' for n in texts}
+        users = [c for c, rules in current.rules.items() if any(r in json.dumps(rule) for rule in rules for r in refs)]
+        cmds.extend({"flush": {"chain": {**ref, "name": c}}} for c in users)
+        cmds.extend({"delete": {"map": {**ref, "name": n}}} for n in texts)
+        current = Ruleset({n: d for n, d in current.sets.items() if n not in texts}, current.chains,
+                          {c: () if c in users else r for c, r in current.rules.items()},
+                          {n: e for n, e in current.elements.items() if n not in texts})
+        sets = [n for n in sets if n not in texts]
+    if not sets and not chains:
+        return current
+    cmds.append({"flush": {"table": {"family": ref["family"], "name": ref["table"]}}})
+    cmds.extend({"delete": {_set_kind(current.sets[n]): {**ref, "name": n}}} for n in sets)
+    cmds.extend({"delete": {"chain": {**ref, "name": n}}} for n in chains)
+    return Ruleset(
+        sets={n: d for n, d in current.sets.items() if n not in sets},
+        chains={n: d for n, d in current.chains.items() if n not in chains},
+        rules={n: () for n in current.chains if n not in chains},
+        elements={n: e for n, e in current.elements.items() if n not in sets},
+    )
 
 
 def _set_kind(decl: dict[str, Any]) -> str:

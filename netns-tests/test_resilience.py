@@ -17,7 +17,7 @@ DRIFTS = {
     "chain flushed": [["flush", "chain", "ip", "natgw", "slot_0"]],
     "map element deleted": [["delete", "element", "ip", "natgw", "backend_1", f"{{ {EIP} . tcp . 80 }}"]],
     "backend map deleted": [["flush", "chain", "ip", "natgw", "slot_1"], ["delete", "map", "ip", "natgw", "backend_1"]],
-    "backend map redeclared": [  # only nft text declares it: the repair rebuilds the table
+    "backend map redeclared": [  # only nft text declares it: emptied of users, deleted, declared anew
         ["flush", "chain", "ip", "natgw", "slot_1"], ["delete", "map", "ip", "natgw", "backend_1"],
         ["add", "map", "ip", "natgw", "backend_1", "{ type ipv4_addr . inet_proto . inet_service : ipv4_addr . inet_service; }"]],
     "affinity set deleted": [["flush", "chain", "ip", "natgw", "aff_t600_n3"],
@@ -31,10 +31,14 @@ def test_drift_is_repaired_within_five_seconds(lab, agent, drift):
     program(agent, *WEB, *APP, identities=2)
     assert lab.tcp_connect(EIP, 443, 5)["failed"] == 0
     good = static_ruleset(agent)
+    pinned = affinity_entries(agent)
+    assert pinned  # the connections to the ClientIP identity pinned their clients
     for command in DRIFTS[drift]:
         agent.nft(*command)
     assert static_ruleset(agent) != good  # the drift is real
     wait_for(lambda: static_ruleset(agent) == good, 5, what=f"repair after: {drift}")
+    if drift.startswith("backend map"):  # repaired in place: the table (and its affinity) stayed
+        assert affinity_entries(agent) == pinned
     assert lab.tcp_connect(EIP, 80, 20)["failed"] == 0 and lab.tcp_connect(EIP, 443, 20)["failed"] == 0
     assert any(e.get("event", "").startswith("drift") for e in agent.logs())
 
@@ -47,6 +51,18 @@ def test_someone_elses_table_is_not_drift(lab, agent):
     time.sleep(2.5)  # two drift checks
     assert not any(e.get("event", "").startswith("drift") for e in agent.logs())
     assert "table ip other" in agent.nft("list", "tables")  # never touched
+
+
+def affinity_entries(agent) -> set[str]:
+    """The clients pinned in the affinity sets, as set . element."""
+    entries = set()
+    for item in json.loads(agent.nft("-j", "list", "table", "ip", "natgw"))["nftables"]:
+        body = item.get("set", {})
+        if body.get("name", "").startswith("aff_"):
+            for elem in body.get("elem", []):
+                value = elem["elem"]["val"] if isinstance(elem, dict) and "elem" in elem else elem
+                entries.add(f"{body['name']} {json.dumps(value, sort_keys=True)}")
+    return entries
 
 
 def static_ruleset(agent) -> list[str]:

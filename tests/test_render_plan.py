@@ -8,7 +8,9 @@ from agent.plan import document, plan, retire, stale_chains
 from agent.render import assign_slots, parse_target, pattern_chain, render, slots_of, sticky_slots
 from agent.ruleset import EMPTY, Ruleset
 from agent.settings import Settings
+from agent.nft import Nft
 from tests.conftest import ROOT, check_golden, rule
+from tests.test_incremental import Accepting
 
 S = Settings()
 
@@ -133,15 +135,24 @@ def test_declaration_change_redeclares_in_the_same_transaction(web_objects):
     assert plan(after, after, "ip", "natgw") == []
 
 
-def test_an_altered_backend_map_declaration_rebuilds_the_table(web_objects):
-    """Someone else redeclared a map that only nft text can declare: it cannot be redone in
-    the JSON transaction, so the table goes and comes back whole."""
+def test_an_altered_backend_map_is_emptied_of_its_users_and_redeclared(web_objects):
+    """Someone else redeclared a map that only nft text can declare: the chain using it is
+    emptied and the map deleted first, then it is declared in text and the rest follows;
+    nothing else (other slots, affinity sets, the table) is touched."""
     before = rendered(web_objects)
     tampered = Ruleset({**before.sets, "backend_0": {**before.sets["backend_0"], "stmt": []}},
                        before.chains, before.rules, before.elements)
     cmds = plan(tampered, before, "ip", "natgw")
-    assert cmds[:2] == [{"delete": {"table": {"family": "ip", "name": "natgw"}}},
-                        {"add": {"table": {"family": "ip", "name": "natgw"}}}]
+    ref = {"family": "ip", "table": "natgw"}
+    assert cmds[:2] == [{"flush": {"chain": {**ref, "name": "slot_0"}}}, {"delete": {"map": {**ref, "name": "backend_0"}}}]
+    touched = {(verb, kind, body.get("name") or body.get("chain")) for c in cmds for verb, o in c.items() for kind, body in o.items()}
+    assert touched == {("flush", "chain", "slot_0"), ("delete", "map", "backend_0"), ("add", "map", "backend_0"),
+                       ("add", "rule", "slot_0"), ("add", "element", "backend_0")}
+    backend = Accepting()
+    Nft("ip", "natgw", backend).apply(cmds)
+    first, rest = backend.batches
+    assert first == cmds[:2] and len(backend.texts) == 1 and "backend_0" in backend.texts[0]
+    assert rest == [c for c in cmds[2:] if "map" not in c.get("add", {})]
 
 
 def test_rule_names_reach_comments_truncated(web_objects):
