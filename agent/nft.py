@@ -165,14 +165,15 @@ class Nft:
         atomic: an ApplyError after they committed says `partial`."""
         if not commands:
             return
-        texts = [text_declaration(c) for c in commands if needs_text(c)]
+        declarations = [c for c in commands if needs_text(c)]
         rest = [c for c in commands if not needs_text(c)]
-        if not texts:
+        if not declarations:
             self._json(rest)
             return
         if not IDENTIFIER.fullmatch(self.table):
             raise ValueError(f"table name {self.table!r} is not an nft identifier")
-        declared = {c["add"]["map"]["name"] for c in commands if needs_text(c)}
+        texts = [text_declaration(c) for c in declarations]
+        declared = {c["add"]["map"]["name"] for c in declarations}
         cut = max((i + 1 for i, c in enumerate(rest)
                    if "table" in c.get("delete", {}) or c.get("delete", {}).get("map", {}).get("name") in declared),
                   default=0)

@@ -7,7 +7,7 @@ are deleted by a later transaction (retire)."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Collection
 
 from agent.ruleset import EMPTY, Key, Ruleset, concat_data, key_json
 
@@ -107,20 +107,24 @@ def _redeclare(current: Ruleset, desired: Ruleset, ref: dict[str, str], cmds: li
         users = [c for c, rules in current.rules.items() if any(r in json.dumps(rule) for rule in rules for r in refs)]
         cmds.extend({"flush": {"chain": {**ref, "name": c}}} for c in users)
         cmds.extend({"delete": {"map": {**ref, "name": n}}} for n in texts)
-        current = Ruleset({n: d for n, d in current.sets.items() if n not in texts}, current.chains,
-                          {c: () if c in users else r for c, r in current.rules.items()},
-                          {n: e for n, e in current.elements.items() if n not in texts})
+        current = _without(current, texts, [], users)
         sets = [n for n in sets if n not in texts]
     if not sets and not chains:
         return current
     cmds.append({"flush": {"table": {"family": ref["family"], "name": ref["table"]}}})
     cmds.extend({"delete": {_set_kind(current.sets[n]): {**ref, "name": n}}} for n in sets)
     cmds.extend({"delete": {"chain": {**ref, "name": n}}} for n in chains)
+    return _without(current, sets, chains, current.chains)
+
+
+def _without(rs: Ruleset, sets: Collection[str], chains: Collection[str], emptied: Collection[str]) -> Ruleset:
+    """The table after deleting these sets (with their elements) and chains, and flushing
+    the chains in `emptied`."""
     return Ruleset(
-        sets={n: d for n, d in current.sets.items() if n not in sets},
-        chains={n: d for n, d in current.chains.items() if n not in chains},
-        rules={n: () for n in current.chains if n not in chains},
-        elements={n: e for n, e in current.elements.items() if n not in sets},
+        sets={n: d for n, d in rs.sets.items() if n not in sets},
+        chains={n: d for n, d in rs.chains.items() if n not in chains},
+        rules={n: () if n in emptied else rs.rules.get(n, ()) for n in rs.chains if n not in chains},
+        elements={n: e for n, e in rs.elements.items() if n not in sets},
     )
 
 
