@@ -1,4 +1,4 @@
-"""The fake apiserver (tests/kubefake.py) driven by the real ``kubernetes`` client.
+"""The fake API server (tests/kubefake/) driven by the real ``kubernetes`` client.
 
 These tests double as documentation of how the installed client (kubernetes 37.x, urllib3 2.x)
 surfaces watch-level events, because the agent has to handle exactly these:
@@ -26,10 +26,14 @@ surfaces watch-level events, because the agent has to handle exactly these:
   ``NewConnectionError``) after urllib3's 3 immediate retries; not an ApiException.
 * HTTP errors on plain requests: ``ApiException`` subclasses by status, e.g. 500 ->
   ``ServiceException``, 400 -> ``BadRequestException``, 404 -> ``NotFoundException``, with the
-  Status JSON in ``.body``.
+  Status JSON in ``.body``; a 410 on a list is the base ``ApiException`` with ``status == 410``.
+* Paginated lists: ``limit=`` and ``_continue=`` (the keyword has an underscore); the page's
+  ``metadata`` carries ``continue`` and ``remainingItemCount`` while items remain.
 """
 from __future__ import annotations
 
+import base64
+import copy
 import json
 import socket
 import threading
@@ -44,21 +48,24 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import (ApiException, BadRequestException, NotFoundException,
                                           ServiceException)
 
-from tests.kubefake import (FakeKube, LabelRequirement, SelectorError, labels_match,
-                            parse_label_selector)
+from tests.kubefake import FakeKube
 
 G, V = "kubeovn.io", "v1"
 RULES, EIPS = "iptables-dnat-rules", "iptables-eips"
 WATCH_TIMEOUT = 5  # server-side timeoutSeconds: bounds every watch even if a test goes wrong
 
 
-def rule(name: str, labels: dict[str, str] | None = None, port: str = "80") -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name}
-    if labels:
-        meta["labels"] = labels
-    return {"apiVersion": "kubeovn.io/v1", "kind": "IptablesDnatRule", "metadata": meta,
+def rule(name: str, port: str = "80") -> dict[str, Any]:
+    return {"apiVersion": "kubeovn.io/v1", "kind": "IptablesDnatRule", "metadata": {"name": name},
             "spec": {"eip": "eip-web", "externalPort": port, "protocol": "tcp",
                      "internalIp": "10.0.1.11", "internalPort": "8080"}}
+
+
+def changed(fake: FakeKube, name: str, **spec: str) -> dict[str, Any]:
+    """Update a rule's spec in the fake (the fixture path: no HTTP)."""
+    obj = copy.deepcopy(fake.get(RULES, name))
+    obj["spec"].update(spec)
+    return fake.update(RULES, obj)
 
 
 def as_dict(value: object) -> dict[str, Any]:
@@ -154,10 +161,10 @@ def watch_rules(crd: client.CustomObjectsApi, **kwargs: Any) -> WatchThread:
 
 
 # ---------------------------------------------------------------------------------------------
-# list / get
+# list
 # ---------------------------------------------------------------------------------------------
 
-def test_list_and_get_carry_resource_versions(fake: FakeKube, crd: client.CustomObjectsApi) -> None:
+def test_list_carries_resource_versions(fake: FakeKube, crd: client.CustomObjectsApi) -> None:
     a = fake.create(RULES, rule("web-a"))
     b = fake.create(RULES, rule("web-b"))
     fake.create(EIPS, {"metadata": {"name": "eip-web"}, "spec": {"v4ip": "172.18.0.10"}})
@@ -170,17 +177,153 @@ def test_list_and_get_carry_resource_versions(fake: FakeKube, crd: client.Custom
     assert int(a["metadata"]["resourceVersion"]) < int(b["metadata"]["resourceVersion"])
     assert listed["items"][0]["kind"] == "IptablesDnatRule"
     assert listed["items"][0]["metadata"]["uid"] == a["metadata"]["uid"]
-    assert listed["items"][0]["metadata"]["creationTimestamp"].endswith("Z")
-
-    got = as_dict(crd.get_cluster_custom_object(G, V, RULES, "web-b"))
-    assert got["metadata"]["resourceVersion"] == b["metadata"]["resourceVersion"]
+    assert listed["items"][1]["metadata"]["resourceVersion"] == b["metadata"]["resourceVersion"]
+    assert "continue" not in listed["metadata"] and "remainingItemCount" not in listed["metadata"]
     eips = as_dict(crd.list_cluster_custom_object(G, V, EIPS))
     assert eips["kind"] == "IptablesEIPList" and eips["items"][0]["kind"] == "IptablesEIP"
 
+
+def page(crd: client.CustomObjectsApi, **kwargs: Any) -> dict[str, Any]:
+    return as_dict(crd.list_cluster_custom_object(G, V, RULES, **kwargs))
+
+
+def names(listed: dict[str, Any]) -> list[str]:
+    return [i["metadata"]["name"] for i in listed["items"]]
+
+
+def token(content: object) -> str:
+    """A continue token as the API server encodes one: unpadded URL-safe base64 of Go's JSON."""
+    return base64.urlsafe_b64encode(json.dumps(content, separators=(",", ":")).encode()).decode().rstrip("=")
+
+
+def test_paginated_list_serves_every_page_at_the_first_pages_version(
+        fake: FakeKube, crd: client.CustomObjectsApi) -> None:
+    for name in ("web-a", "web-b", "web-c", "web-d", "web-e"):
+        fake.create(RULES, rule(name))
+    first = page(crd, limit=2)
+    rv = first["metadata"]["resourceVersion"]
+    assert rv == fake.resource_version
+    assert names(first) == ["web-a", "web-b"] and first["metadata"]["remainingItemCount"] == 3
+    # The list's version and the key right after the last one returned.
+    assert first["metadata"]["continue"] == token({"v": "meta.k8s.io/v1", "rv": int(rv), "start": "web-b\x00"})
+
+    # The world changes between pages; the list does not.
+    fake.delete(RULES, "web-c")
+    changed(fake, "web-d", externalPort="81")
+    fake.create(RULES, rule("web-bb"))  # would sort into the pages still to come
+    second = page(crd, limit=2, _continue=first["metadata"]["continue"])
+    assert names(second) == ["web-c", "web-d"] and second["items"][1]["spec"]["externalPort"] == "80"
+    assert second["metadata"]["resourceVersion"] == rv and second["metadata"]["remainingItemCount"] == 1
+    last = page(crd, limit=2, _continue=second["metadata"]["continue"])
+    assert names(last) == ["web-e"] and last["metadata"]["resourceVersion"] == rv
+    assert "continue" not in last["metadata"] and "remainingItemCount" not in last["metadata"]
+
+    fresh = page(crd)  # a new list sees the world of now
+    assert names(fresh) == ["web-a", "web-b", "web-bb", "web-d", "web-e"]
+    assert fresh["metadata"]["resourceVersion"] == fake.resource_version != rv
+    assert [r.query.get("limit") for r in fake.requests] == ["2", "2", "2", None]
+
+
+def test_a_limit_that_covers_the_rest_ends_the_list(fake: FakeKube, crd: client.CustomObjectsApi) -> None:
+    for name in ("a", "b", "c"):
+        fake.create(RULES, rule(name))
+    whole = page(crd, limit=3)
+    assert names(whole) == ["a", "b", "c"] and "continue" not in whole["metadata"]
+    rest = page(crd, limit=5, _continue=page(crd, limit=1)["metadata"]["continue"])
+    assert names(rest) == ["b", "c"] and "continue" not in rest["metadata"]
+    empty = as_dict(crd.list_cluster_custom_object(G, V, EIPS, limit=1))
+    assert empty["items"] == [] and "continue" not in empty["metadata"]
+
+
+def test_continue_from_a_compacted_version_is_410_expired(fake: FakeKube, crd: client.CustomObjectsApi) -> None:
+    for name in ("a", "b", "c"):
+        fake.create(RULES, rule(name))
+    first = page(crd, limit=1)
+    fake.delete(RULES, "b")
+    fake.create(RULES, rule("bb"))
+    fake.compact()
+    with pytest.raises(ApiException) as err:
+        page(crd, limit=1, _continue=first["metadata"]["continue"])
+    assert type(err.value) is ApiException and err.value.status == 410
+    body = status_of(err.value)
+    assert (body["kind"], body["code"], body["reason"]) == ("Status", 410, "Expired")
+    assert body["message"].startswith("The provided continue parameter is too old to display a consistent list")
+    # Like the API server's, the error carries a token that goes on at the latest version from
+    # where the list stopped: the rest of an inconsistent list.
+    assert body["metadata"]["continue"] == token({"v": "meta.k8s.io/v1", "rv": -1, "start": "a\x00"})
+    rest = page(crd, _continue=body["metadata"]["continue"])
+    assert names(rest) == ["bb", "c"] and rest["metadata"]["resourceVersion"] == fake.resource_version
+
+
+@pytest.mark.parametrize(("bad", "why"), [
+    ("%%%", "Only base64 data is allowed"),
+    (token({"v": "meta.k8s.io/v2", "rv": 5, "start": "a"}), "server does not recognize this encoded version"),
+    (token({"v": "meta.k8s.io/v1", "rv": 0, "start": "a"}), "incorrect encoded start resourceVersion"),
+    (token({"v": "meta.k8s.io/v1", "rv": 5, "start": ""}), "encoded start key empty"),
+    (token({"v": "meta.k8s.io/v1", "rv": 5, "start": "../events/x"}), "../events/x"),
+])
+def test_bad_continue_tokens_are_400(fake: FakeKube, crd: client.CustomObjectsApi, bad: str, why: str) -> None:
+    with pytest.raises(BadRequestException) as err:
+        page(crd, limit=1, _continue=bad)
+    message = status_of(err.value)["message"]
+    assert message.startswith("invalid continue token: continue key is not valid") and why in message
+
+
+def test_a_continued_list_takes_no_resource_version(fake: FakeKube, crd: client.CustomObjectsApi) -> None:
+    fake.create(RULES, rule("a"))
+    fake.create(RULES, rule("b"))
+    next_page = page(crd, limit=1)["metadata"]["continue"]
+    with pytest.raises(BadRequestException) as err:
+        page(crd, _continue=next_page, resource_version="3")
+    assert status_of(err.value)["message"] == "specifying resource version is not allowed when using continue"
+    assert names(page(crd, _continue=next_page, resource_version="0")) == ["b"]
+    with pytest.raises(BadRequestException):  # and the fake lists only at the latest version
+        page(crd, resource_version="3")
+
+
+# ---------------------------------------------------------------------------------------------
+# customresourcedefinitions
+# ---------------------------------------------------------------------------------------------
+
+def crd_of(plural: str, kind: str) -> dict[str, Any]:
+    return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": f"{plural}.{G}"},
+            "spec": {"group": G, "scope": "Cluster",
+                     "names": {"plural": plural, "kind": kind, "listKind": kind + "List"},
+                     "versions": [{"name": V, "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                         "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]}}
+
+
+def test_crds_set_by_the_test_are_served_by_name(fake: FakeKube, api_client: client.ApiClient) -> None:
+    ext = client.ApiextensionsV1Api(api_client)
+    name = f"{RULES}.{G}"
     with pytest.raises(NotFoundException) as err:
-        as_dict(crd.get_cluster_custom_object(G, V, RULES, "nope"))
-    assert err.value.status == 404
-    assert status_of(err.value)["reason"] == "NotFound"
+        ext.read_custom_resource_definition(name)
+    body = status_of(err.value)
+    assert body["message"] == f'customresourcedefinitions.apiextensions.k8s.io "{name}" not found'
+    assert body["details"] == {"name": name, "group": "apiextensions.k8s.io", "kind": "customresourcedefinitions"}
+
+    stored = fake.set_crd(crd_of(RULES, "IptablesDnatRule"))
+    fake.set_crd(crd_of(EIPS, "IptablesEIP"))
+    got = ext.read_custom_resource_definition(name)
+    assert isinstance(got, client.V1CustomResourceDefinition) and got.spec.names.kind == "IptablesDnatRule"
+    assert got.spec.scope == "Cluster" and got.spec.versions[0].name == V
+    assert (got.metadata.uid, got.metadata.resource_version) == (
+        stored["metadata"]["uid"], stored["metadata"]["resourceVersion"])
+
+    again = crd_of(RULES, "IptablesDnatRule")
+    again["spec"]["names"]["shortNames"] = ["dnat"]
+    fake.set_crd(again)  # replaced: a new version, the same object
+    got = ext.read_custom_resource_definition(name)
+    assert got.spec.names.short_names == ["dnat"] and got.metadata.uid == stored["metadata"]["uid"]
+    assert got.metadata.resource_version == fake.resource_version
+
+    with pytest.raises(ApiException) as err:  # get is all that is served
+        ext.list_custom_resource_definition()
+    assert err.value.status == 405
+    logged = [(r.verb, r.api_group, r.resource, r.namespace, r.name) for r in fake.requests]
+    assert logged == [("get", "apiextensions.k8s.io", "customresourcedefinitions", None, name)] * 3 + [
+        ("list", "apiextensions.k8s.io", "customresourcedefinitions", None, None)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -193,7 +336,7 @@ def test_watch_streams_create_modify_delete_in_order(fake: FakeKube, crd: client
     fake.wait_for_watches(1, RULES)
 
     created = fake.create(RULES, rule("web-a"))
-    modified = fake.patch(RULES, "web-a", {"spec": {"internalIp": "10.0.1.99"}})
+    modified = changed(fake, "web-a", internalIp="10.0.1.99")
     fake.create(EIPS, {"metadata": {"name": "other"}})  # another resource: not on this watch
     deleted = fake.delete(RULES, "web-a")
 
@@ -205,7 +348,7 @@ def test_watch_streams_create_modify_delete_in_order(fake: FakeKube, crd: client
     assert int(rvs[0]) < int(rvs[1]) < int(rvs[2])
     # DELETED carries the last state with a fresh resourceVersion, like the real API.
     assert events[2]["raw_object"]["spec"]["internalIp"] == "10.0.1.99"
-    assert modified["metadata"]["generation"] == 2
+    assert events[2]["raw_object"]["metadata"]["uid"] == created["metadata"]["uid"]
     # For custom objects the client's "model" is plain dict: object and raw_object are equal.
     assert events[0]["object"] == events[0]["raw_object"]
     assert w.watch.resource_version == rvs[2]
@@ -221,7 +364,7 @@ def test_watch_from_resource_version_replays_missed_events(fake: FakeKube,
     rv = as_dict(crd.list_cluster_custom_object(G, V, RULES))["metadata"]["resourceVersion"]
     # Changes the watcher "missed" while it was not connected:
     fake.create(RULES, rule("web-b"))
-    fake.patch(RULES, "web-a", {"metadata": {"labels": {"x": "y"}}})
+    changed(fake, "web-a", externalPort="81")
     fake.delete(RULES, "web-b")
 
     w = watch_rules(crd, resource_version=rv)
@@ -236,21 +379,15 @@ def test_watch_from_resource_version_replays_missed_events(fake: FakeKube,
 
 
 @pytest.mark.parametrize("rv", ["0", None])
-def test_watch_without_resource_version_starts_with_synthetic_added(
-        fake: FakeKube, crd: client.CustomObjectsApi, rv: str | None) -> None:
-    fake.create(RULES, rule("web-b"))
-    fake.create(RULES, rule("web-a"))
-    fake.compact()  # synthetic ADDED comes from the current state, not from history
+def test_watch_without_a_resource_version_is_refused(fake: FakeKube, crd: client.CustomObjectsApi,
+                                                     rv: str | None) -> None:
+    # The agent always watches from its list's version; the real server's "" and "0" (start with
+    # synthetic ADDED events) are not served, and say so before the stream starts.
     kwargs = {"resource_version": rv} if rv is not None else {}
-    w = watch_rules(crd, **kwargs)
-    events = w.wait_events(2)
-    assert [(e["type"], e["raw_object"]["metadata"]["name"]) for e in events] == [
-        ("ADDED", "web-a"), ("ADDED", "web-b")]
-    fake.wait_for_watches(1, RULES)
-    fake.create(RULES, rule("web-c"))
-    assert w.wait_events(3)[2]["type"] == "ADDED"
-    fake.end_watches()
-    w.wait_done()
+    with pytest.raises(BadRequestException) as err:
+        list(stream(crd.list_cluster_custom_object, G, V, RULES, timeout_seconds=WATCH_TIMEOUT, **kwargs))
+    assert "FakeKube watches only from a resourceVersion" in status_of(err.value)["message"]
+    assert fake.open_watches() == 0
 
 
 def test_bookmark_on_demand(fake: FakeKube, crd: client.CustomObjectsApi) -> None:
@@ -333,18 +470,6 @@ def test_compacted_resource_version_raises_410(fake: FakeKube, crd: client.Custo
     w.wait_done()
 
 
-def test_history_limit_expires_old_resource_versions() -> None:
-    with FakeKube(history_limit=2) as fk, make_api_client(fk.url) as api:
-        crd = client.CustomObjectsApi(api)
-        first = fk.create(RULES, rule("a"))["metadata"]["resourceVersion"]
-        for name in ("b", "c", "d"):
-            fk.create(RULES, rule(name))
-        with pytest.raises(ApiException) as err:
-            list(stream(crd.list_cluster_custom_object, G, V, RULES,
-                        resource_version=first, timeout_seconds=WATCH_TIMEOUT))
-        assert err.value.status == 410
-
-
 def test_server_side_timeout_ends_stream_cleanly(fake: FakeKube, crd: client.CustomObjectsApi) -> None:
     start = time.monotonic()
     events = list(stream(crd.list_cluster_custom_object, G, V, RULES,
@@ -408,88 +533,6 @@ def test_send_raw_unknown_type_and_error_events(fake: FakeKube, crd: client.Cust
     assert w.error.status == 500 and w.error.reason == "InternalError: boom"
 
 
-def test_label_selector_on_watch(fake: FakeKube, crd: client.CustomObjectsApi) -> None:
-    w = watch_rules(crd, resource_version=fake.resource_version, label_selector="app=web")
-    fake.wait_for_watches(1, RULES)
-    fake.create(RULES, rule("db", {"app": "db"}))                 # not selected: nothing
-    fake.create(RULES, rule("web", {"app": "web"}))               # ADDED
-    fake.patch(RULES, "db", {"metadata": {"labels": {"app": "web"}}})   # enters selector: ADDED
-    fake.patch(RULES, "web", {"metadata": {"labels": {"app": "x"}}})    # leaves selector: DELETED
-    fake.patch(RULES, "db", {"spec": {"externalPort": "81"}})      # stays selected: MODIFIED
-    fake.delete(RULES, "web")                                     # not selected any more: nothing
-    fake.delete(RULES, "db")                                      # DELETED
-    events = w.wait_events(5)
-    assert [(e["type"], e["raw_object"]["metadata"]["name"]) for e in events] == [
-        ("ADDED", "web"), ("ADDED", "db"), ("DELETED", "web"), ("MODIFIED", "db"), ("DELETED", "db")]
-    fake.end_watches()
-    w.wait_done()
-    assert len(w.events) == 5
-    assert fake.requests[-1].query["labelSelector"] == "app=web"
-
-
-# ---------------------------------------------------------------------------------------------
-# selectors
-# ---------------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize(("selector", "names"), [
-    ("app=web", ["a", "b"]),
-    ("app==web", ["a", "b"]),
-    ("app!=web", ["c", "d"]),             # includes d, which has no app label
-    ("app", ["a", "b", "c"]),
-    ("!app", ["d"]),
-    ("app in (web,db)", ["a", "b", "c"]),
-    ("app notin (web)", ["c", "d"]),
-    ("app=web,tier!=front", ["b"]),
-    ("app in (web), !tier", []),
-    ("kubeovn.io/gw=gw1", ["a", "c"]),
-    ("", ["a", "b", "c", "d"]),
-])
-def test_label_selector_on_list(fake: FakeKube, crd: client.CustomObjectsApi,
-                                selector: str, names: list[str]) -> None:
-    fake.create(RULES, rule("a", {"app": "web", "tier": "front", "kubeovn.io/gw": "gw1"}))
-    fake.create(RULES, rule("b", {"app": "web", "tier": "back"}))
-    fake.create(RULES, rule("c", {"app": "db", "tier": "back", "kubeovn.io/gw": "gw1"}))
-    fake.create(RULES, rule("d", {"other": "x"}))
-    items = as_dict(crd.list_cluster_custom_object(G, V, RULES, label_selector=selector))["items"]
-    assert [i["metadata"]["name"] for i in items] == names
-
-
-def test_bad_selectors_are_400(fake: FakeKube, crd: client.CustomObjectsApi) -> None:
-    cases: list[dict[str, Any]] = [{"label_selector": "app in web"}, {"label_selector": "a=b=c"},
-                                   {"field_selector": "spec.eip=x"}]
-    for kwargs in cases:
-        with pytest.raises(BadRequestException) as err:
-            as_dict(crd.list_cluster_custom_object(G, V, RULES, **kwargs))
-        body = status_of(err.value)
-        assert body["kind"] == "Status" and body["code"] == 400 and body["reason"] == "BadRequest"
-    with pytest.raises(BadRequestException):  # also on watch, before the stream starts
-        list(stream(crd.list_cluster_custom_object, G, V, RULES,
-                    label_selector="!", timeout_seconds=WATCH_TIMEOUT))
-
-
-def test_field_selector_on_list(fake: FakeKube, crd: client.CustomObjectsApi) -> None:
-    fake.create(RULES, rule("a"))
-    fake.create(RULES, rule("b"))
-    names = [i["metadata"]["name"] for i in
-             as_dict(crd.list_cluster_custom_object(G, V, RULES, field_selector="metadata.name=b"))["items"]]
-    assert names == ["b"]
-    names = [i["metadata"]["name"] for i in
-             as_dict(crd.list_cluster_custom_object(G, V, RULES, field_selector="metadata.name!=b"))["items"]]
-    assert names == ["a"]
-
-
-def test_selector_parser_directly() -> None:
-    assert parse_label_selector("a in (x, y),!b, c!=d") == (
-        LabelRequirement("a", "in", ("x", "y")), LabelRequirement("b", "!"),
-        LabelRequirement("c", "!=", ("d",)))
-    assert parse_label_selector("a=") == (LabelRequirement("a", "=", ("",)),)
-    assert labels_match(parse_label_selector("n>3"), {"metadata": {"labels": {"n": "4"}}})
-    assert not labels_match(parse_label_selector("n<3"), {"metadata": {"labels": {"n": "x"}}})
-    for bad in ("a in ()", "a,,b", "=a", "a in (x", "a b", "-bad", "a=b c", "a>b"):
-        with pytest.raises(SelectorError):
-            parse_label_selector(bad)
-
-
 # ---------------------------------------------------------------------------------------------
 # failures
 # ---------------------------------------------------------------------------------------------
@@ -539,6 +582,28 @@ def test_unknown_paths_are_404_status(fake: FakeKube, api_client: client.ApiClie
         client.CoreV1Api(api_client).list_namespaced_pod("default")
     with pytest.raises(NotFoundException):  # cluster-scoped resources have no namespaced path
         client.CustomObjectsApi(api_client).list_namespaced_custom_object(G, V, "default", RULES)
+    with pytest.raises(NotFoundException):  # no subresources are served
+        client.CustomObjectsApi(api_client).patch_cluster_custom_object_status(G, V, EIPS, "eip", {})
+    off_the_api = api_client.call_api("GET", f"{fake.url}/version")  # nor paths off the API
+    assert off_the_api.status == 404 and json.loads(off_the_api.read())["reason"] == "NotFound"
+    assert [(r.verb, r.resource, r.path) for r in fake.requests][-1] == ("get", None, "/version")
+
+
+def test_verbs_the_agent_does_not_use_are_405(fake: FakeKube, api_client: client.ApiClient) -> None:
+    fake.create(RULES, rule("web-a"))
+    crd = client.CustomObjectsApi(api_client)
+    for attempt in (lambda: crd.get_cluster_custom_object(G, V, RULES, "web-a"),
+                    lambda: crd.replace_cluster_custom_object(G, V, RULES, "web-a", rule("web-a")),
+                    lambda: crd.patch_cluster_custom_object(G, V, RULES, "web-a", {"spec": {}}),
+                    lambda: crd.delete_cluster_custom_object(G, V, RULES, "web-a"),
+                    lambda: crd.create_cluster_custom_object(G, V, RULES, rule("web-b")),
+                    lambda: client.CoreV1Api(api_client).list_namespaced_event("kube-system")):
+        with pytest.raises(ApiException) as err:
+            attempt()
+        body = status_of(err.value)
+        assert (err.value.status, body["reason"]) == (405, "MethodNotAllowed")
+        assert body["message"].startswith("FakeKube does not serve ")
+    assert [o["metadata"]["name"] for o in fake.objects(RULES)] == ["web-a"]  # nothing changed
 
 
 def test_stop_ends_watches_and_closes_socket() -> None:
@@ -579,7 +644,7 @@ def test_caller_provided_socket() -> None:
 # events (core v1) and the request log
 # ---------------------------------------------------------------------------------------------
 
-def test_events_create_list_patch(fake: FakeKube, api_client: client.ApiClient) -> None:
+def test_events_create(fake: FakeKube, api_client: client.ApiClient) -> None:
     core = client.CoreV1Api(api_client)
     now = datetime.now(timezone.utc)
     body = client.CoreV1Event(
@@ -591,7 +656,7 @@ def test_events_create_list_patch(fake: FakeKube, api_client: client.ApiClient) 
         source=client.V1EventSource(component="natgw-agent", host="gw1"))
     created = core.create_namespaced_event("default", body)
     assert isinstance(created, client.CoreV1Event) and created.metadata is not None
-    assert created.metadata.resource_version and created.metadata.uid
+    assert created.metadata.resource_version == fake.resource_version and created.metadata.uid
     name = created.metadata.name
     assert name == "web-a.17a2b3c4d5e6f708"
     assert created.involved_object.name == "web-a"
@@ -600,68 +665,36 @@ def test_events_create_list_patch(fake: FakeKube, api_client: client.ApiClient) 
     assert len(stored) == 1 and stored[0]["kind"] == "Event" and stored[0]["apiVersion"] == "v1"
     assert stored[0]["involvedObject"]["kind"] == "IptablesDnatRule"
     assert stored[0]["source"] == {"component": "natgw-agent", "host": "gw1"}
-
-    listed = core.list_namespaced_event("default", field_selector="involvedObject.name=web-a")
-    assert isinstance(listed, client.CoreV1EventList)
-    assert [e.reason for e in listed.items] == ["BackendsChanged"]
-    assert listed.metadata is not None and listed.metadata.resource_version == fake.resource_version
-    assert core.list_namespaced_event("kube-system").items == []
-
-    # Deduplicating recorders bump count with a patch (the client sends strategic merge here).
-    patched = core.patch_namespaced_event(name, "default", {"count": 2})
-    assert patched.count == 2 and patched.reason == "BackendsChanged"
-    assert fake.get("events", name, "default")["count"] == 2
+    assert fake.get("events", name, "default")["metadata"]["uid"] == created.metadata.uid
+    assert fake.objects("events", "kube-system") == []
 
     with pytest.raises(BadRequestException):  # namespace in body must match the path
         core.create_namespaced_event("other", body)
-
-    logged = [(r.verb, r.resource, r.namespace, r.api_group, r.name) for r in fake.requests]
-    assert logged[:4] == [("create", "events", "default", "", None),
-                          ("list", "events", "default", "", None),
-                          ("list", "events", "kube-system", "", None),
-                          ("patch", "events", "default", "", name)]
-    assert fake.requests[0].body["involvedObject"]["name"] == "web-a"
+    with pytest.raises(ApiException) as err:  # names are unique
+        core.create_namespaced_event("default", body)
+    assert err.value.status == 409 and status_of(err.value)["reason"] == "AlreadyExists"
+    assert len(fake.objects("events")) == 1
 
 
-def test_request_log_records_rbac_verbs(fake: FakeKube, crd: client.CustomObjectsApi) -> None:
-    crd.create_cluster_custom_object(G, V, RULES, rule("web-a"))
-    obj = as_dict(crd.get_cluster_custom_object(G, V, RULES, "web-a"))
-    obj["spec"]["externalPort"] = "81"
-    crd.replace_cluster_custom_object(G, V, RULES, "web-a", obj)
-    crd.patch_cluster_custom_object(G, V, RULES, "web-a", {"metadata": {"labels": {"a": "b"}}})
-    as_dict(crd.list_cluster_custom_object(G, V, RULES))
-    list(stream(crd.list_cluster_custom_object, G, V, RULES,
+def test_request_log_records_rbac_attributes(fake: FakeKube, api_client: client.ApiClient) -> None:
+    crd = client.CustomObjectsApi(api_client)
+    as_dict(crd.list_cluster_custom_object(G, V, RULES, limit=1))
+    list(stream(crd.list_cluster_custom_object, G, V, EIPS,
                 resource_version=fake.resource_version, timeout_seconds=1))
-    crd.delete_cluster_custom_object(G, V, RULES, "web-a")
+    client.CoreV1Api(api_client).create_namespaced_event(
+        "kube-system", {"metadata": {"name": "web-a.1"}, "involvedObject": {"name": "web-a"}})
+    with pytest.raises(ApiException):
+        crd.delete_cluster_custom_object(G, V, RULES, "web-a")
+    with pytest.raises(ApiException):
+        crd.patch_cluster_custom_object_status(G, V, EIPS, "eip", {"status": {}})
 
     reqs = fake.requests
-    assert [(r.verb, r.name) for r in reqs] == [
-        ("create", None), ("get", "web-a"), ("update", "web-a"), ("patch", "web-a"),
-        ("list", None), ("watch", None), ("delete", "web-a")]
-    assert all(r.resource == RULES and r.api_group == G and r.namespace is None
-               and r.subresource is None for r in reqs)
-    assert [r.watch for r in reqs] == [False] * 5 + [True, False]
-    assert [r.method for r in reqs] == ["POST", "GET", "PUT", "PATCH", "GET", "GET", "DELETE"]
-    assert reqs[5].query["watch"] == "true" and reqs[5].query["timeoutSeconds"] == "1"
-    assert reqs[0].body["metadata"]["name"] == "web-a"
-    assert reqs[3].body == {"metadata": {"labels": {"a": "b"}}}
-
-
-def test_status_subresource_and_conflicts(fake: FakeKube, crd: client.CustomObjectsApi) -> None:
-    fake.create(RULES, {**rule("web-a"), "status": {"ready": True}})
-    obj = as_dict(crd.get_cluster_custom_object(G, V, RULES, "web-a"))
-    # The main resource keeps the stored status; /status changes only status.
-    crd.replace_cluster_custom_object(G, V, RULES, "web-a", {**obj, "status": {"ready": False}})
-    assert fake.get(RULES, "web-a")["status"] == {"ready": True}
-    crd.patch_cluster_custom_object_status(G, V, RULES, "web-a",
-                                           {"status": {"ready": False}, "spec": {"eip": "ignored"}})
-    stored = fake.get(RULES, "web-a")
-    assert stored["status"] == {"ready": False} and stored["spec"]["eip"] == "eip-web"
-    assert [(r.verb, r.subresource) for r in fake.requests][-1] == ("patch", "status")
-    # A stale resourceVersion on update is a 409 Conflict, as with optimistic concurrency.
-    with pytest.raises(ApiException) as err:
-        crd.replace_cluster_custom_object(G, V, RULES, "web-a", obj)
-    assert err.value.status == 409 and status_of(err.value)["reason"] == "Conflict"
-    with pytest.raises(ApiException) as err:
-        crd.create_cluster_custom_object(G, V, RULES, rule("web-a"))
-    assert err.value.status == 409 and status_of(err.value)["reason"] == "AlreadyExists"
+    assert [(r.verb, r.api_group, r.resource, r.namespace, r.name) for r in reqs] == [
+        ("list", G, RULES, None, None), ("watch", G, EIPS, None, None),
+        ("create", "", "events", "kube-system", None), ("delete", G, RULES, None, "web-a"),
+        ("patch", G, f"{EIPS}/status", None, "eip")]  # a subresource as RBAC rules spell it
+    assert reqs[0].path == f"/apis/{G}/{V}/{RULES}" and reqs[0].query["limit"] == "1"
+    assert reqs[1].query["watch"] == "true" and reqs[1].query["timeoutSeconds"] == "1"
+    assert reqs[2].path == "/api/v1/namespaces/kube-system/events"
+    fake.clear_requests()
+    assert fake.requests == []
