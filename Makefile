@@ -1,11 +1,17 @@
 # natgw-agent: `make run` (demo) and `make test` (all tests) work on a fresh Debian machine as root.
 SHELL := /bin/bash
-VENV := .venv
+# Overridable: inside the Debian 13 root the suite needs a virtualenv of that root's Python.
+VENV ?= .venv
 PY := $(VENV)/bin/python
 APT_PACKAGES := nftables python3-nftables python3-venv conntrack iproute2 iptables systemd util-linux
 STAMP := $(VENV)/.installed
 
-.PHONY: deps run test unit netns bench clean
+# The Debian 13 (trixie) root the suite also runs in (nftables 1.1.3, Python 3.13); outside
+# the repository, which is mounted inside it. Built once by images/debian13/root.sh.
+DEBIAN13_ROOT ?= /var/tmp/natgw-agent-debian13
+DEBIAN13_VENV := .venv-debian13
+
+.PHONY: deps run test test-here test-debian13 unit netns bench clean
 
 # Debian packages (the nftables binding is only packaged by the distro), then a virtualenv
 # made from the distro Python with system site packages so it sees that binding.
@@ -24,8 +30,25 @@ $(STAMP): pyproject.toml Makefile
 run: deps
 	$(PY) -m agent.demo
 
-test: deps
+# All tests: this system's suite, then the same suite in the Debian 13 root (one after the
+# other, never at once: both use the kernel's nftables and network namespaces). Both run
+# even if the first fails; the summary names the system that failed.
+test:
+	@failed=; \
+	$(MAKE) --no-print-directory test-here || failed="$$failed, this system ($$(. /etc/os-release; echo $$PRETTY_NAME))"; \
+	$(MAKE) --no-print-directory test-debian13 || failed="$$failed, the Debian 13 root ($(DEBIAN13_ROOT))"; \
+	if [ -n "$$failed" ]; then echo "make test: FAILED on$${failed#,}" >&2; exit 1; fi; \
+	echo "make test: passed on this system and in the Debian 13 root"
+
+# This system's suite only (whatever system make runs on; inside the root, Debian 13's).
+test-here: deps
 	$(PY) -m pytest tests netns-tests bench/test_quick.py
+
+# The suite in the Debian 13 root: builds the root when missing, then runs test-here there
+# with a virtualenv of its own (deps installs the Debian packages inside the root).
+test-debian13:
+	images/debian13/root.sh build $(DEBIAN13_ROOT)
+	images/debian13/root.sh run $(DEBIAN13_ROOT) $(CURDIR) -- make VENV=$(DEBIAN13_VENV) test-here
 
 unit: deps
 	$(PY) -m pytest tests
