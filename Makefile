@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 run: deps
-	$(PY) -m agent.demo
+	$(PY) -m lab.demo
 
 # All tests: this system's suite, then the same suite in the Debian 13 root (one after the
 # other, never at once: both use the kernel's nftables and network namespaces). Both run

@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import structlog
 from kubernetes.client import ApiClient, Configuration
@@ -18,10 +19,12 @@ from agent.errors import ApplyError
 from agent.events import EventRecorder
 from agent.health import Health, serve
 from agent.kubesource import KubeSource
+from agent.layout import Counters, counters_of
+from agent.loop import Source, run_loop
 from agent.metrics import Metrics
 from agent.nft import IDENTIFIER, Nft
-from agent.plan import document, plan
-from agent.reconcile import Reconciler, Source, run_loop
+from agent.plan import document, one_transaction, plan
+from agent.reconcile import Reconciler
 from agent.render import render
 from agent.report import Reporter, evaluate
 from agent.ruleset import EMPTY
@@ -87,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                         **({"event_namespace": args.event_namespace, "metrics_addr": args.metrics_addr,
                             "take_over_legacy": args.take_over_legacy} if args.command == "run" else {}))
     api = None if settings.from_dir is not None else _api_client(settings)
-    source: Source = DirectorySource(settings.from_dir) if api is None else KubeSource(api)
+    source: Source = DirectorySource(settings.from_dir) if api is None else KubeSource(api, settings.watch)
     if args.command in ("render", "diff"):
         return _render(settings, source, wait=0 if api is None else 30, mode=args.command, text=getattr(args, "text", False))
     return _run(settings, source, api)
@@ -101,12 +104,22 @@ def _cleanup(table: str) -> int:
         if nft.read() is None:
             print(f"natgw-agent: no table ip {table}: nothing to remove")
             return 0
-        nft.apply([{"delete": {"table": {"family": "ip", "name": table}}}])
+        nft.apply(one_transaction([{"delete": {"table": {"family": "ip", "name": table}}}]))
     except ApplyError as err:
         print(f"natgw-agent: cleanup failed: {err.message}", file=sys.stderr)
         return 1
     print(f"natgw-agent: removed table ip {table}")
     return 0
+
+
+def _backend_counters(nft: Nft) -> Callable[[], Counters]:
+    def read() -> Counters:
+        try:
+            listing = nft.listing()
+        except ApplyError:
+            return {}  # a scrape must not fail on it
+        return counters_of(listing) if listing is not None else {}
+    return read
 
 
 def _api_client(settings: Settings) -> ApiClient:
@@ -134,11 +147,11 @@ def _render(settings: Settings, source: Source, wait: float, mode: str, text: bo
         nft = Nft("ip", settings.table)
         kernel = nft.read()
         wanted = render(desired.services, kernel or EMPTY, settings.affinity_set_size, settings.priority)
-        commands = plan(kernel, wanted, "ip", settings.table)
-        sys.stdout.write(document(commands) if commands else "")
-        return 1 if commands else 0
+        todo = plan(kernel, wanted, "ip", settings.table)
+        sys.stdout.write(document(todo.commands) if todo else "")
+        return 1 if todo else 0
     wanted = render(desired.services, EMPTY, settings.affinity_set_size, settings.priority)
-    doc = document(plan(None, wanted, "ip", settings.table))
+    doc = document(plan(None, wanted, "ip", settings.table).commands)
     if text:
         try:
             doc = to_text(doc)
@@ -160,7 +173,7 @@ def _run(settings: Settings, source: Source, api: ApiClient | None) -> int:
     events = EventRecorder(api, settings.event_namespace, host=settings.gateway) if api is not None else None
     health = Health(settings.healthz_stale_after, settings.livez_wedged_after)
     metrics = Metrics()
-    metrics.serve_backend_counters(Nft("ip", settings.table).backend_counters)  # its own context: another thread
+    metrics.serve_backend_counters(_backend_counters(Nft("ip", settings.table)))  # its own context: another thread
     try:
         server = serve(health, settings.metrics_addr, metrics.registry)
     except OSError as err:  # a taken port must not keep the data plane from being programmed

@@ -83,7 +83,7 @@ class Catalog(Protocol):
     def named(self, kind: str, name: str) -> list[Any]: ...
 
 
-Key = tuple[str, str]  # (kind, name)
+ObjectKey = tuple[str, str]  # an object's (kind, name)
 
 
 class DesiredState:
@@ -133,7 +133,7 @@ class DesiredState:
         self._regroup(set(self._members))
         return dirty
 
-    def update(self, catalog: Catalog, changed: Iterable[Key]) -> set[Identity]:
+    def update(self, catalog: Catalog, changed: Iterable[ObjectKey]) -> set[Identity]:
         """Re-evaluate changed objects; returns the identities that may have changed."""
         rules: set[str] = set()
         for kind, name in changed:
@@ -231,7 +231,7 @@ class ListCatalog:
 
     def __init__(self, objects: Iterable[Any]) -> None:
         self._objects = list(objects)
-        self._named: dict[Key, list[Any]] | None = None
+        self._named: dict[ObjectKey, list[Any]] | None = None
 
     def objects(self) -> list[Any]:
         return self._objects

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import random
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -22,6 +21,7 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from agent.backoff import Backoff
+from agent.settings import WatchSettings
 
 log = structlog.get_logger()
 
@@ -30,26 +30,6 @@ VERSION = "v1"
 RULES = "iptables-dnat-rules"
 EIPS = "iptables-eips"
 KINDS = {RULES: "IptablesDnatRule", EIPS: "IptablesEIP"}
-
-
-@dataclass(frozen=True)
-class WatchSettings:
-    server_timeout: float = 300.0
-    """Watch timeoutSeconds asked of the server; randomised up to 2x per request so many
-    gateways do not reconnect in step (client-go does the same)."""
-
-    connect_timeout: float = 10.0
-    """Seconds to establish a connection to the API server."""
-
-    inactivity_timeout: float = 660.0
-    """Seconds without a byte on a watch before it is treated as dead and resumed: longer
-    than the server timeout, so it only fires when the stream is wedged."""
-
-    backoff_min: float = 0.8
-    """First reconnect delay after a failure, in seconds (doubles, with jitter)."""
-
-    backoff_max: float = 30.0
-    """Cap of the reconnect delay, in seconds."""
 
 
 class _Expired(Exception):

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from agent.ruleset import Key, Ruleset, key_json
+from agent.ruleset import ElemKey, Ruleset, key_json
 
 LEGACY_TABLE = "kube-ovn"
 LEGACY_MAP = "service-ips"
 
 
-def takeover_commands(legacy: Ruleset | None, identities: Iterable[Key], family: str = "ip") -> list[dict[str, Any]]:
+def takeover_commands(legacy: Ruleset | None, identities: Iterable[ElemKey], family: str = "ip") -> list[dict[str, Any]]:
     """Commands removing the legacy objects of these identities (none if there are none).
 
     The agent's base chain runs first (priority -160 against -150), so new connections of

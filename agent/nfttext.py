@@ -24,11 +24,12 @@ def _main() -> int:
 
     from agent.errors import ApplyError
     from agent.nft import Nft
+    from agent.plan import phased
 
     doc = json.loads(sys.stdin.read())
     table = next(c["add"]["table"] for c in doc["nftables"] if "table" in c.get("add", {}))
     try:
-        Nft(table["family"], table["name"]).apply(doc["nftables"])  # as the agent applies it
+        Nft(table["family"], table["name"]).apply(phased(doc["nftables"], table["family"], table["name"]))  # as the agent applies it
     except ApplyError as err:
         print(err, file=sys.stderr)
         return 1

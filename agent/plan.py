@@ -1,5 +1,6 @@
-"""Plan: the difference between what the kernel holds and the desired ruleset, as one
-list of libnftables JSON commands (one atomic transaction). Pure: no I/O.
+"""Plan: the difference between what the kernel holds and the desired ruleset, as
+libnftables JSON commands, and the phases they are sent in (one atomic transaction each;
+one, unless maps must be declared in nft text first). Pure: no I/O.
 
 Order inside the transaction: declare what is new; rewrite changed chains; swap map
 elements; empty the chains and delete the sets nothing points to any more. Emptied chains
@@ -7,20 +8,96 @@ are deleted by a later transaction (retire)."""
 from __future__ import annotations
 
 import json
-from typing import Any, Collection
+from dataclasses import dataclass
+from typing import Any, Collection, Iterable, Sequence
 
-from agent.ruleset import EMPTY, Key, Ruleset, concat_data, key_json
+from agent.ruleset import EMPTY, ElemKey, Ruleset, concat_data, key_json
 
 Command = dict[str, Any]
 
+PREPARE = "prepare"  # deletes that must commit before a declaration in text: the data plane changes
+DECLARE = "declare"  # maps declared in nft text: empty and unreferenced until the main phase commits
+MAIN = "main"
 
-def plan(current: Ruleset | None, desired: Ruleset, family: str, table: str) -> list[Command]:
-    """Commands that turn `current` (None: the table does not exist) into `desired`.
+
+@dataclass(frozen=True)
+class Phase:
+    kind: str  # PREPARE, DECLARE (the nft edge writes these commands as nft text) or MAIN
+    commands: tuple[Command, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A change: its commands in their logical order (what `render` and `diff` print) and
+    the phases the nft edge sends them in, one transaction each, in order."""
+
+    commands: tuple[Command, ...]
+    phases: tuple[Phase, ...]
+
+    def __bool__(self) -> bool:
+        return bool(self.commands)
+
+    def __len__(self) -> int:
+        return len(self.commands)
+
+    def then(self, commands: Sequence[Command]) -> Plan:
+        """This plan with more commands at the end of its main transaction."""
+        if not commands:
+            return self
+        phases = list(self.phases)
+        if phases and phases[-1].kind == MAIN:
+            phases[-1] = Phase(MAIN, (*phases[-1].commands, *commands))
+        else:
+            phases.append(Phase(MAIN, tuple(commands)))
+        return Plan((*self.commands, *commands), tuple(phases))
+
+
+def one_transaction(commands: Iterable[Command]) -> Plan:
+    commands = tuple(commands)
+    return Plan(commands, (Phase(MAIN, commands),) if commands else ())
+
+
+def plan(current: Ruleset | None, desired: Ruleset, family: str, table: str, text_maps: bool = True) -> Plan:
+    """The change that turns `current` (None: the table does not exist) into `desired`.
 
     An unchanged ruleset yields no command at all. A changed declaration (a set's type or
     size, the base chain's priority: an upgrade or a settings change) cannot be altered in
-    place: see _redeclare().
+    place: see _redeclare(). `text_maps`: this libnftables cannot declare maps with
+    concatenated data in JSON (nft 1.0.6), so they go first, in nft text.
     """
+    commands = _commands(current, desired, family, table)
+    return phased(commands, family, table) if text_maps else one_transaction(commands)
+
+
+def needs_text(command: Command) -> bool:
+    """A map declaration nft 1.0.6's JSON parser cannot take (concatenated data)."""
+    body = command.get("add", {}).get("map")
+    return isinstance(body, dict) and concat_data(body)
+
+
+def phased(commands: Sequence[Command], family: str, table: str) -> Plan:
+    """Maps only nft text can declare go first, in a text transaction of their own: empty
+    and unreferenced until the main transaction commits, they change nothing in the data
+    plane meanwhile, and a failed main transaction leaves at most those (the next
+    read-back deletes them if unwanted). Only a change that first deletes the table or
+    such a map (plan() does so only to repair a declaration someone else altered) has
+    those deletes committed before, and so is not atomic."""
+    declarations = [c for c in commands if needs_text(c)]
+    if not declarations:
+        return one_transaction(commands)
+    rest = [c for c in commands if not needs_text(c)]
+    declared = {c["add"]["map"]["name"] for c in declarations}
+    cut = max((i + 1 for i, c in enumerate(rest)
+               if "table" in c.get("delete", {}) or c.get("delete", {}).get("map", {}).get("name") in declared),
+              default=0)
+    phases = [Phase(PREPARE, tuple(rest[:cut]))] if cut else []
+    phases.append(Phase(DECLARE, ({"add": {"table": {"family": family, "name": table}}}, *declarations)))
+    if rest[cut:]:
+        phases.append(Phase(MAIN, tuple(rest[cut:])))
+    return Plan(tuple(commands), tuple(phases))
+
+
+def _commands(current: Ruleset | None, desired: Ruleset, family: str, table: str) -> list[Command]:
     ref = {"family": family, "table": table}
     cmds: list[Command] = []
     if current is not None:
@@ -43,9 +120,9 @@ def plan(current: Ruleset | None, desired: Ruleset, family: str, table: str) -> 
             cmds.append({"flush": {"chain": {**ref, "name": name}}})
         cmds.extend({"add": {"rule": {**ref, "chain": name, **rule}}} for rule in rules)
 
-    keys: dict[Key, Any] = {}  # one JSON key per identity, shared by its elements
+    keys: dict[ElemKey, Any] = {}  # one JSON key per identity, shared by its elements
 
-    def key(k: Key) -> Any:
+    def key(k: ElemKey) -> Any:
         found = keys.get(k)
         if found is None:
             found = keys[k] = key_json(k)
@@ -80,9 +157,9 @@ def stale_chains(current: Ruleset | None, desired: Ruleset) -> list[str]:
     return [n for n in (current or EMPTY).chains if n not in desired.chains]
 
 
-def retire(chains: list[str], family: str, table: str) -> list[Command]:
+def retire(chains: list[str], family: str, table: str) -> Plan:
     """Delete chains emptied by an earlier transaction (nothing points at them any more)."""
-    return [{"delete": {"chain": {"family": family, "table": table, "name": n}}} for n in chains]
+    return one_transaction({"delete": {"chain": {"family": family, "table": table, "name": n}}} for n in chains)
 
 
 def _redeclare(current: Ruleset, desired: Ruleset, ref: dict[str, str], cmds: list[Command]) -> Ruleset | None:
@@ -91,9 +168,9 @@ def _redeclare(current: Ruleset, desired: Ruleset, ref: dict[str, str], cmds: li
 
     Every rule is flushed and the changed sets and chains are deleted, then declared anew
     by the rest of the plan, all in one transaction. A map only nft text can declare
-    (concat_data: someone else altered one) is emptied of its users and deleted first;
-    Nft.apply commits that, declares it, then the rest: only the new connections that pick
-    its slot meanwhile go without NAT. A changed chain that is not a base chain (map
+    (concat_data: someone else altered one) is emptied of its users and deleted first, in
+    a phase of its own (phased), then declared, then the rest: only the new connections
+    that pick its slot meanwhile go without NAT. A changed chain that is not a base chain (map
     elements point at it, so it cannot be deleted) makes the table go and come back whole.
     """
     sets = [n for n, d in desired.sets.items() if n in current.sets and current.sets[n] != d]
@@ -132,7 +209,7 @@ def _set_kind(decl: dict[str, Any]) -> str:
     return "map" if "map" in decl else "set"
 
 
-def document(commands: list[Command]) -> str:
+def document(commands: Sequence[Command]) -> str:
     """A libnftables JSON document, one command per line: readable and diff-friendly."""
     body = ",\n ".join(json.dumps(c, sort_keys=True) for c in commands)
     return '{"nftables": [\n ' + body + "\n]}\n"

@@ -1,105 +1,60 @@
-"""Desired services -> the table's content (a Ruleset). Pure: no I/O.
+"""Desired services -> the table's content (a Ruleset), all of it or for the identities that
+changed. Pure: no I/O. The layout it fills (names, why this shape) is agent/layout.py's.
 
-Layout (why: REFERENCE section 5 -- the kernel finds sets by walking a per-table list, so
-thousands of named or anonymous sets cost quadratic time; chains and map elements are
-cheap). Everything per identity is a map element; chains and sets are shared:
-
-    prerouting      ip daddr . meta l4proto . th dport vmap @services
-    map services    identity -> goto lb_<slots> | aff_t<T>_<slots>
-    lb_<slots>      numgen random mod N vmap { i : goto slot_<s_i> }
-    slot_<s>        dnat to <identity> map @backend_<s>
-    map backend_<s> identity -> backend address . port (with a per-backend counter)
-
-Each backend of an identity holds one *slot* for its whole life, so its map elements and
-its clients' affinity entries stay put while other backends come and go. ClientIP:
-
-    aff_t<T>_<slots>  ip saddr . <identity> @aff_<s> goto sticky_<s>_t<T>   (one per slot)
-                      numgen random mod N vmap { i : goto sticky_<s_i>_t<T> }
-    sticky_<s>_t<T>   update @aff_<s> { ip saddr . <identity> timeout T }  (slides per connection)
-                      goto slot_<s>
-    set aff_<s>       client . identity, flags timeout: the clients pinned to slot s
-
-The update and the goto are two rules so that a full affinity set costs stickiness, never
-the connection.
-
-One `address . port` map per slot, not one map for each: elements are what a full sync
-pays for (libnftables spends ~10 us on each), and this nearly halves them (10,000
-identities x 4: 90,000 -> 50,000 elements, libnftables alone 631 -> 480 ms).
-nft 1.0.6 cannot declare such a map in JSON (nft.py declares it; see BACKEND_DATA).
-"""
+`Renderer` keeps what incremental rendering needs between syncs: each identity's pieces
+(its elements, and the shared objects they lead to) and how many identities need each
+shared object, so a change renders and plans only the identities it touches."""
 from __future__ import annotations
 
 import functools
-import hashlib
 import itertools
-import re
+from collections import Counter
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 from agent.desired import Service
+from agent.layout import (BACKEND_DATA, BASE_CHAIN, IDENTITY_TYPE, SERVICES, Slots, affinity_set, backend_map,
+                          backend_value, held_slots, identity_key, pattern_chain, slot_chain, slots_of, sticky_chain)
 from agent.model import Backend, Identity
-from agent.ruleset import Elem, Key, Ruleset, truncate_comment
-
-SERVICES = "services"
-BASE_CHAIN = "prerouting"
-IDENTITY_TYPE = ["ipv4_addr", "inet_proto", "inet_service"]
-# The backend maps' data type exactly as nft 1.0.6 lists it: a string, which its JSON
-# parser does not take back (nft.py declares these maps in its own words).
-BACKEND_DATA = "ipv4_addr . inet_service"
+from agent.ruleset import EMPTY, Elem, ElemKey, Ruleset, truncate_comment
 
 _DADDR = {"payload": {"protocol": "ip", "field": "daddr"}}
 _SADDR = {"payload": {"protocol": "ip", "field": "saddr"}}
 _IDENTITY = [_DADDR, {"meta": {"key": "l4proto"}}, {"payload": {"protocol": "th", "field": "dport"}}]
-_PATTERN_RE = re.compile(r"^(?:lb|aff_t(?P<timeout>\d+))_(?:n\d+|s[\d.]+|h[0-9a-f]+)$")
-
-Slots = dict[Identity, dict[Backend, int]]
 
 
-@functools.lru_cache(maxsize=1024)
-def backend_map(slot: int) -> str:
-    return f"backend_{slot}"
+@dataclass(frozen=True)
+class Shared:
+    """A chain, set or map that identities share: declared while any of them needs it."""
+
+    kind: str  # "chain" or "set" (a map is a set whose declaration has "map")
+    decl: dict[str, Any]
+    rules: tuple[dict[str, Any], ...] = ()
 
 
-def affinity_set(slot: int) -> str:
-    return f"aff_{slot}"
+@dataclass(frozen=True)
+class Pieces:
+    """What one identity puts into the table: one element (under its key) in each of
+    some maps, and the shared objects those elements lead to."""
+
+    key: ElemKey
+    elements: dict[str, Elem]  # map name -> this identity's element
+    shared: Mapping[str, Shared]  # the same (read-only) mapping for every identity of a pattern
 
 
-def slot_chain(slot: int) -> str:
-    return f"slot_{slot}"
+@dataclass(frozen=True)
+class Change:
+    """One sync's input to the planner: the table before and wanted (all of it, or only the
+    changed identities' elements with every shared object), and what the renderer
+    remembers once the kernel took it."""
 
-
-def sticky_chain(slot: int, timeout: int) -> str:
-    return f"sticky_{slot}_t{timeout}"
-
-
-@functools.lru_cache(maxsize=4096)
-def pattern_chain(slots: tuple[int, ...], timeout: int | None) -> str:
-    """Chain shared by every identity whose backends hold exactly these slots."""
-    if slots == tuple(range(len(slots))):
-        tag = f"n{len(slots)}"
-    else:
-        tag = "s" + ".".join(map(str, slots))
-        if len(tag) > 200:  # chain names stop at 256 bytes
-            tag = "h" + hashlib.sha1(tag.encode()).hexdigest()[:16]
-    return f"lb_{tag}" if timeout is None else f"aff_t{timeout}_{tag}"
-
-
-def parse_target(chain: str) -> tuple[bool, int] | None:
-    """(affinity, timeout) from a services element's target chain, None if not ours."""
-    m = _PATTERN_RE.match(chain)
-    if m is None:
-        return None
-    return (m["timeout"] is not None, int(m["timeout"] or 0))
-
-
-def identity_key(identity: Identity) -> Key:
-    return (identity.eip, identity.proto, identity.port)
-
-
-def key_identity(key: Key) -> Identity:
-    eip, proto, port = key
-    return Identity(eip, int(port), proto)
+    full: bool  # every identity was rendered (else only `changed`)
+    before: Ruleset
+    wanted: Ruleset
+    pieces: dict[Identity, Pieces]  # the rendered identities' new pieces
+    changed: frozenset[Identity]
+    usage: Counter[str]  # shared object -> change in the number of identities needing it
 
 
 def assign_slots(services: Mapping[Identity, Service], previous: Slots) -> Slots:
@@ -119,93 +74,6 @@ def assign_slots(services: Mapping[Identity, Service], previous: Slots) -> Slots
     return result
 
 
-def slots_of(ruleset: Ruleset) -> Slots:
-    """Which slot each backend holds, read from a ruleset (rendered or read back)."""
-    slots: Slots = {}
-    for name, elements in ruleset.elements.items():
-        if (slot := _backend_slot(name)) is None:
-            continue
-        for key, elem in elements.items():
-            if (backend := _backend(elem)) is not None:
-                slots.setdefault(key_identity(key), {})[backend] = slot
-    for identity, held in _earlier_layout_slots(ruleset).items():
-        slots.setdefault(identity, held)
-    return slots
-
-
-def _earlier_layout_slots(ruleset: Ruleset) -> Slots:
-    """Slots as an earlier version held them (an addr_<s> and a port_<s> map per slot),
-    so that upgrading keeps every backend in its slot and so its clients' affinity."""
-    slots: Slots = {}
-    for name, addresses in ruleset.elements.items():
-        tail = name.removeprefix("addr_")
-        ports = ruleset.elements.get(f"port_{tail}") if tail != name and tail.isdigit() else None
-        for key, elem in addresses.items() if ports else ():
-            port = ports.get(key)
-            if isinstance(elem.value, str) and port is not None and isinstance(port.value, int):
-                slots.setdefault(key_identity(key), {})[Backend(elem.value, port.value)] = int(tail)
-    return slots
-
-
-def held_slots(pieces: Pieces) -> dict[Backend, int]:
-    """Which slot each backend of one identity holds, from its rendered pieces."""
-    return {b: s for name, elem in pieces.elements.items()
-            if (s := _backend_slot(name)) is not None and (b := _backend(elem)) is not None}
-
-
-def _backend_slot(name: str) -> int | None:
-    tail = name.removeprefix("backend_")
-    return int(tail) if tail != name and tail.isdigit() else None
-
-
-def _backend(elem: Elem) -> Backend | None:
-    """The backend in a backend map element; None for anything else (a read-back of a
-    table someone altered), which the next plan then replaces."""
-    value = elem.value
-    pair = value.get("concat") if isinstance(value, dict) else None
-    if isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str) and isinstance(pair[1], int):
-        return Backend(pair[0], pair[1])
-    return None
-
-
-def sticky_slots(ruleset: Ruleset) -> dict[Identity, dict[int, Backend]]:
-    """For each ClientIP identity, its slots and the backend in each."""
-    sticky = {
-        key_identity(key)
-        for key, elem in ruleset.elements.get(SERVICES, {}).items()
-        if (target := parse_target(_goto(elem))) is not None and target[0]
-    }
-    return {
-        identity: {slot: backend for backend, slot in held.items()}
-        for identity, held in slots_of(ruleset).items()
-        if identity in sticky
-    }
-
-
-def _goto(elem: Elem) -> str:
-    value = elem.value
-    return value.get("goto", {}).get("target", "") if isinstance(value, dict) else ""
-
-
-@dataclass(frozen=True)
-class Shared:
-    """A chain, set or map that identities share: declared while any of them needs it."""
-
-    kind: str  # "chain" or "set" (a map is a set whose declaration has "map")
-    decl: dict[str, Any]
-    rules: tuple[dict[str, Any], ...] = ()
-
-
-@dataclass(frozen=True)
-class Pieces:
-    """What one identity puts into the table: one element (under its key) in each of
-    some maps, and the shared objects those elements lead to."""
-
-    key: Key
-    elements: dict[str, Elem]  # map name -> this identity's element
-    shared: Mapping[str, Shared]  # the same (read-only) mapping for every identity of a pattern
-
-
 def render(services: Mapping[Identity, Service], previous: Ruleset, affinity_set_size: int, priority: int) -> Ruleset:
     """The whole table for these services; slots follow `previous` (the kernel's state)."""
     return render_all(services, previous, affinity_set_size, priority)[0]
@@ -219,7 +87,7 @@ def render_all(services: Mapping[Identity, Service], previous: Ruleset, affinity
     rs = base_ruleset(priority)
     declared: set[int] = set()  # ids of the shared mappings declared so far
     for p in pieces.values():
-        add_pieces(rs, p, id(p.shared) not in declared)
+        _add_pieces(rs, p, id(p.shared) not in declared)
         declared.add(id(p.shared))
     return rs, pieces
 
@@ -234,15 +102,15 @@ def base_ruleset(priority: int) -> Ruleset:
     return rs
 
 
-def add_pieces(rs: Ruleset, pieces: Pieces, shared: bool = True) -> None:
+def _add_pieces(rs: Ruleset, pieces: Pieces, shared: bool = True) -> None:
     if shared:
         for name, definition in pieces.shared.items():
-            declare(rs, name, definition)
+            _declare(rs, name, definition)
     for name, elem in pieces.elements.items():
         rs.elements[name][pieces.key] = elem
 
 
-def declare(rs: Ruleset, name: str, shared: Shared) -> None:
+def _declare(rs: Ruleset, name: str, shared: Shared) -> None:
     if shared.kind == "chain":
         rs.chains[name] = shared.decl
         rs.rules[name] = shared.rules
@@ -252,7 +120,7 @@ def declare(rs: Ruleset, name: str, shared: Shared) -> None:
             rs.elements.setdefault(name, {})
 
 
-def undeclare(rs: Ruleset, name: str) -> None:
+def _undeclare(rs: Ruleset, name: str) -> None:
     for table in (rs.chains, rs.rules, rs.sets, rs.elements):
         table.pop(name, None)
 
@@ -265,8 +133,78 @@ def render_service(service: Service, held: Mapping[Backend, int], affinity_set_s
     target = pattern_chain(order, timeout)
     elements = {SERVICES: Elem({"goto": {"target": target}}, truncate_comment(service.rule_names))}
     for backend, slot in held.items():
-        elements[backend_map(slot)] = Elem({"concat": [backend.ip, backend.port]})
+        elements[backend_map(slot)] = Elem(backend_value(backend))
     return Pieces(key, elements, _shared(order, timeout, affinity_set_size))
+
+
+class Renderer:
+    """Renders the whole table or only changed identities, and remembers each identity's
+    pieces as the kernel holds them (after `commit`), so the next change starts there."""
+
+    def __init__(self, affinity_set_size: int, priority: int) -> None:
+        self.affinity_set_size = affinity_set_size
+        self.priority = priority
+        self._pieces: dict[Identity, Pieces] = {}  # per identity, as the kernel holds it
+        self._usage: Counter[str] = Counter()  # shared object -> identities needing it
+
+    def full(self, services: Mapping[Identity, Service], before: Ruleset | None) -> Change:
+        """Every identity, with the slots `before` (the kernel's table) holds."""
+        before = before or EMPTY
+        wanted, pieces = render_all(services, before, self.affinity_set_size, self.priority)
+        return Change(True, before, wanted, pieces, frozenset(pieces), Counter())
+
+    def partial(self, services: Mapping[Identity, Service], changed: Collection[Identity], mirror: Ruleset) -> Change:
+        """The mirror and the desired table restricted to the changed identities' elements,
+        with every shared object: what plan() needs to diff just those identities."""
+        before, wanted = _shell(mirror), _shell(mirror)
+        usage: Counter[str] = Counter()
+        pieces: dict[Identity, Pieces] = {}
+        definitions: dict[str, Shared] = {}
+        for identity in changed:
+            old = self._pieces.get(identity)
+            if old is not None:
+                for name, elem in old.elements.items():
+                    before.elements[name][old.key] = elem
+                usage.subtract(old.shared.keys())
+            service = services.get(identity)
+            if service is not None:
+                previous = {identity: held_slots(old.elements)} if old else {}
+                held = assign_slots({identity: service}, previous)[identity]
+                new = pieces[identity] = render_service(service, held, self.affinity_set_size)
+                usage.update(new.shared.keys())
+                definitions.update(new.shared)
+        for name, delta in usage.items():
+            had = self._usage[name]
+            if had == 0 and delta > 0:
+                _declare(wanted, name, definitions[name])
+            elif had > 0 and had + delta == 0:
+                _undeclare(wanted, name)
+        for new in pieces.values():
+            for name, elem in new.elements.items():
+                wanted.elements[name][new.key] = elem
+        return Change(False, before, wanted, pieces, frozenset(changed), usage)
+
+    def commit(self, change: Change) -> None:
+        """The kernel took the change: remember its pieces."""
+        if change.full:
+            self._pieces = change.pieces
+            patterns = Counter(id(p.shared) for p in change.pieces.values())
+            shared = {id(p.shared): p.shared for p in change.pieces.values()}
+            self._usage = Counter()
+            for key, count in patterns.items():
+                for name in shared[key]:
+                    self._usage[name] += count
+            return
+        for identity in change.changed:
+            self._pieces.pop(identity, None)
+        self._pieces.update(change.pieces)
+        self._usage.update(change.usage)
+        self._usage = +self._usage  # drop the zeros
+
+
+def _shell(rs: Ruleset) -> Ruleset:
+    """The shared part of a table (declarations and chains) with empty maps."""
+    return Ruleset(dict(rs.sets), dict(rs.chains), dict(rs.rules), {name: {} for name in rs.elements})
 
 
 def _rule(*expr: Any) -> dict[str, Any]:

@@ -1,8 +1,31 @@
-"""All knobs of the agent in one place."""
+"""All knobs of the agent in one place: one Settings object, passed whole; the
+Kubernetes watch's knobs nested in it (settings.watch)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+
+@dataclass(frozen=True)
+class WatchSettings:
+    """How the Kubernetes source lists and watches."""
+
+    server_timeout: float = 300.0
+    """Watch timeoutSeconds asked of the server; randomised up to 2x per request so many
+    gateways do not reconnect in step (client-go does the same)."""
+
+    connect_timeout: float = 10.0
+    """Seconds to establish a connection to the API server."""
+
+    inactivity_timeout: float = 660.0
+    """Seconds without a byte on a watch before it is treated as dead and resumed: longer
+    than the server timeout, so it only fires when the stream is wedged."""
+
+    backoff_min: float = 0.8
+    """First reconnect delay after a failure, in seconds (doubles, with jitter)."""
+
+    backoff_max: float = 30.0
+    """Cap of the reconnect delay, in seconds."""
 
 
 @dataclass(frozen=True)
@@ -79,3 +102,6 @@ class Settings:
 
     conntrack: bool = True
     """Delete conntrack entries of removed identities (and UDP entries of removed backends)."""
+
+    watch: WatchSettings = field(default_factory=WatchSettings)
+    """The Kubernetes source's list and watch (unused with from_dir)."""

@@ -3,30 +3,28 @@ one block per identity, with per-backend counters and pinned-client counts."""
 from __future__ import annotations
 
 import json
-from collections import Counter
 from typing import Any
 
-from agent.model import Backend, Identity
+from agent.layout import affinity_sets, counters_of, goto_target, parse_target, pinned_clients, served, slots_of
+from agent.model import Backend
 from agent.nft import Nft
-from agent.render import SERVICES, affinity_set, key_identity, parse_target, slots_of
-from agent.ruleset import Ruleset
+from agent.ruleset import from_listing
 
 
 def inspect(nft: Nft, only: str | None = None) -> list[dict[str, Any]] | None:
     """Every identity the kernel serves (or the one named `only`, as EIP:PORT/PROTO), with
     its backends, their slots, counters and pinned clients; None if there is no table."""
-    listed = nft.read_counted()
-    if listed is None:
+    listing = nft.listing()
+    if listing is None:
         return None
-    ruleset, counters = listed
-    pinned = _pinned(nft, ruleset)
+    ruleset, counters = from_listing(listing), counters_of(listing)
+    pinned = pinned_clients({name: nft.set_elements(name) for name in affinity_sets(ruleset)})
     slots = slots_of(ruleset)
     found = []
-    for key, elem in sorted(ruleset.elements.get(SERVICES, {}).items(), key=lambda kv: key_identity(kv[0])):
-        identity = key_identity(key)
+    for identity, elem in served(ruleset):
         if only is not None and str(identity) != only:
             continue
-        target = elem.value.get("goto", {}).get("target", "?") if isinstance(elem.value, dict) else "?"
+        target = goto_target(elem) or "?"
         parsed = parse_target(target)
         held: dict[Backend, int] = slots.get(identity, {})
         found.append({
@@ -44,18 +42,6 @@ def inspect(nft: Nft, only: str | None = None) -> list[dict[str, Any]] | None:
             ],
         })
     return found
-
-
-def _pinned(nft: Nft, ruleset: Ruleset) -> Counter[tuple[Identity, int]]:
-    """Live affinity entries per (identity, slot)."""
-    pinned: Counter[tuple[Identity, int]] = Counter()
-    for name in ruleset.sets:
-        if name.startswith("aff_"):
-            slot = int(name.removeprefix("aff_"))
-            for key in nft.set_elements(affinity_set(slot)):
-                if len(key) == 4:
-                    pinned[(key_identity(tuple(key[1:])), slot)] += 1
-    return pinned
 
 
 def format_show(found: list[dict[str, Any]] | None, as_json: bool = False) -> str:

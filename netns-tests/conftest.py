@@ -11,7 +11,7 @@ from typing import Iterator
 
 import pytest
 
-from agent.lab import Lab, cleanup_stale
+from lab.topology import Lab, cleanup_stale
 from gwtest import Agent, run_agent
 
 

@@ -11,10 +11,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from agent.lab import Lab
+from agent.layout import SERVICES
+from agent.settings import Settings
+from lab.topology import Lab
 
 ROOT = Path(__file__).resolve().parent.parent
 GATEWAY = "gw1"
+TABLE = Settings.table
 EIP = "172.18.0.10"
 OTHER_EIP = "172.18.0.11"
 BACKENDS = {"b1": "10.0.1.11", "b2": "10.0.1.12", "b3": "10.0.1.13"}
@@ -64,7 +67,7 @@ class Agent:
 
     def services(self) -> dict[tuple[Any, ...], str]:
         """The kernel's services map: identity key -> target chain."""
-        out = self.lab.run_in(self.lab.gw_ns, ["nft", "-j", "list", "map", "ip", "natgw", "services"],
+        out = self.lab.run_in(self.lab.gw_ns, ["nft", "-j", "list", "map", "ip", TABLE, SERVICES],
                               capture_output=True, text=True)
         if out.returncode != 0:
             return {}

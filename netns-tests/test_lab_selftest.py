@@ -1,4 +1,4 @@
-"""Self-test of the lab itself (agent.lab), without any natgw agent.
+"""Self-test of the lab itself (lab.topology), without any natgw agent.
 
 If these fail, the data-plane tests cannot be trusted: the topology, the
 backend servers, the traffic generators and the sniffers are checked here
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent.lab import Lab, cleanup_stale
+from lab.topology import Lab, cleanup_stale
 
 EIP = "172.18.0.10"
 

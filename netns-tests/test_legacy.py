@@ -68,7 +68,7 @@ def test_agent_wins_over_legacy_and_takes_it_over_without_a_failed_connection(la
                                  text=True).stdout  # and never touched the legacy table
 
     # Restart with --take-over-legacy under continuous load.
-    load = lab.popen_in(lab.client_ns, [sys.executable, str(ROOT / "netns-tests" / "loadgen.py"), "tcp", "3",
+    load = lab.popen_in(lab.client_ns, [sys.executable, str(ROOT / "netns-tests" / "scripts" / "loadgen.py"), "tcp", "3",
                                         EIP, "80", "443", "8443"], stdout=subprocess.PIPE, text=True)
     time.sleep(0.5)
     assert agent.stop() == 0

@@ -15,7 +15,7 @@ def test_random_partial_syncs_keep_kernel_and_mirror_equal() -> None:
     subprocess.run(["ip", "netns", "add", ns], check=True)
     try:
         for seed in (1, 2, 3):
-            out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "netns-tests/kernel_sequence.py",
+            out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "netns-tests/scripts/kernel_sequence.py",
                                   str(seed), "120"], cwd=ROOT, capture_output=True, text=True, timeout=300)
             assert out.returncode == 0, out.stderr[-3000:]
             report = json.loads(out.stdout.strip().splitlines()[-1])
@@ -29,7 +29,7 @@ def redeclare(mode: str) -> dict:
     ns = f"ngwdecl-{uuid.uuid4().hex[:6]}"
     subprocess.run(["ip", "netns", "add", ns], check=True)
     try:
-        out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "netns-tests/redeclare.py", mode],
+        out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "netns-tests/scripts/redeclare.py", mode],
                              cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr[-3000:]
         return json.loads(out.stdout.strip().splitlines()[-1])

@@ -10,19 +10,21 @@ import time
 
 import pytest
 
-from gwtest import APP, BACKENDS, CLIENTS, DNS, EIP, ROOT, WEB, program, wait_for
+from agent.layout import affinity_set, backend_map, pattern_chain, slot_chain, sticky_chain
+from gwtest import APP, BACKENDS, CLIENTS, DNS, EIP, ROOT, TABLE, WEB, program, wait_for
 
+T = ["ip", TABLE]
 DRIFTS = {
-    "table deleted": [["delete", "table", "ip", "natgw"]],
-    "chain flushed": [["flush", "chain", "ip", "natgw", "slot_0"]],
-    "map element deleted": [["delete", "element", "ip", "natgw", "backend_1", f"{{ {EIP} . tcp . 80 }}"]],
-    "backend map deleted": [["flush", "chain", "ip", "natgw", "slot_1"], ["delete", "map", "ip", "natgw", "backend_1"]],
+    "table deleted": [["delete", "table", *T]],
+    "chain flushed": [["flush", "chain", *T, slot_chain(0)]],
+    "map element deleted": [["delete", "element", *T, backend_map(1), f"{{ {EIP} . tcp . 80 }}"]],
+    "backend map deleted": [["flush", "chain", *T, slot_chain(1)], ["delete", "map", *T, backend_map(1)]],
     "backend map redeclared": [  # only nft text declares it: emptied of users, deleted, declared anew
-        ["flush", "chain", "ip", "natgw", "slot_1"], ["delete", "map", "ip", "natgw", "backend_1"],
-        ["add", "map", "ip", "natgw", "backend_1", "{ type ipv4_addr . inet_proto . inet_service : ipv4_addr . inet_service; }"]],
-    "affinity set deleted": [["flush", "chain", "ip", "natgw", "aff_t600_n3"],
-                             ["flush", "chain", "ip", "natgw", "sticky_0_t600"],
-                             ["delete", "set", "ip", "natgw", "aff_0"]],
+        ["flush", "chain", *T, slot_chain(1)], ["delete", "map", *T, backend_map(1)],
+        ["add", "map", *T, backend_map(1), "{ type ipv4_addr . inet_proto . inet_service : ipv4_addr . inet_service; }"]],
+    "affinity set deleted": [["flush", "chain", *T, pattern_chain((0, 1, 2), 600)],
+                             ["flush", "chain", *T, sticky_chain(0, 600)],
+                             ["delete", "set", *T, affinity_set(0)]],
 }
 
 
@@ -92,19 +94,13 @@ def test_cleanup_removes_everything_the_agent_owns_and_nothing_else(lab, agent):
 
 
 def load(lab, *args: str) -> subprocess.Popen:
-    return lab.popen_in(lab.client_ns, [sys.executable, str(ROOT / "netns-tests" / "loadgen.py"), *map(str, args)],
+    return lab.popen_in(lab.client_ns, [sys.executable, str(ROOT / "netns-tests" / "scripts" / "loadgen.py"), *map(str, args)],
                         stdout=subprocess.PIPE, text=True)
 
 
 def finish(proc: subprocess.Popen) -> dict:
     out, _ = proc.communicate(timeout=60)
     return json.loads(out.strip().splitlines()[-1])
-
-
-def affinity_entries(agent) -> set[str]:
-    out = json.loads(agent.nft("-j", "list", "table", "ip", "natgw"))["nftables"]
-    return {json.dumps([item["set"]["name"], e["elem"]["val"]]) for item in out if "set" in item
-            for e in item["set"].get("elem", [])}
 
 
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])

@@ -1,6 +1,6 @@
 from agent.desired import desired_services
 from agent.model import Backend, Identity, build_inventory
-from tests.conftest import eip, rule
+from tests.builders import eip, rule
 
 
 def services(objects, max_backends=256):
@@ -75,7 +75,7 @@ def test_an_eip_defined_twice_refuses_its_rules():
 
 def test_identity_limit_refuses_newcomers_until_room_frees_up():
     from agent.desired import DesiredState
-    from tests.test_incremental import Store
+    from tests.sources import Store
 
     store = Store()
     store.put(eip("eip-web", "172.18.0.10"))

@@ -8,9 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from agent.errors import ApplyError
-from agent.report import Reporter
-from tests.conftest import ROOT
+from tests.builders import ROOT
 
 
 def test_systemd_unit_verifies(tmp_path: Path) -> None:
@@ -44,23 +42,25 @@ def test_statefulset_patch_probes_the_agents_endpoints() -> None:
     assert ("natgw-agent", "kube-system") in accounts
 
 
-class _Sink:
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, ...]] = []
+def test_the_wheel_holds_the_agent_only(tmp_path: Path) -> None:
+    """Built from a copy of the whole repository (so a packaging setting that picked up
+    lab/, tests/ or bench/ would show): nothing but agent/ and the metadata."""
+    import shutil
+    import zipfile
 
-    def warning(self, kind: str, name: str, uid: str, reason: str, message: str, api_version: str = "") -> None:
-        self.sent.append((kind, name, reason, message))
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv*", "build", "*.egg-info", ".hypothesis",
+                                                             "__pycache__", ".pytest_cache"))
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                           "-w", str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {n.split("/")[0] for n in names} == {"agent", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}
+    assert "agent/cli.py" in names and not any("lab" in n.split("/")[0] for n in names)
 
 
-def test_a_refused_transaction_gets_one_event_per_distinct_batch() -> None:
-    sink = _Sink()
-    reporter = Reporter(sink, "gw1")
-    err = ApplyError(1, "Error: Could not process rule: File exists", "abc123abc123", 7)
-    reporter.apply_failed(err)
-    reporter.apply_failed(err)  # the retry of the same batch
-    assert sink.sent == [("VpcNatGateway", "gw1", "ApplyFailed",
-                          "nftables refused the transaction (digest abc123abc123, 7 commands): "
-                          "Error: Could not process rule: File exists")]
-    reporter.apply_succeeded()
-    reporter.apply_failed(err)  # failing again after a success is news
-    assert len(sink.sent) == 2
+def test_the_image_copies_the_agent_only() -> None:
+    copies = [line.split()[1:-1] for line in (ROOT / "images" / "Dockerfile").read_text().splitlines()
+              if line.startswith("COPY ")]
+    assert sorted(p for c in copies for p in c) == ["README.md", "agent", "pyproject.toml"]

@@ -10,14 +10,15 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from agent.dirsource import DirectorySource  # noqa: E402
 from agent.nft import Nft  # noqa: E402
 from agent.plan import plan  # noqa: E402
 from agent.reconcile import Reconciler  # noqa: E402
-from agent.render import key_identity, slots_of  # noqa: E402
+from agent.layout import key_identity, slots_of  # noqa: E402
+from agent.plan import one_transaction  # noqa: E402
 from agent.settings import Settings  # noqa: E402
 
 
@@ -42,10 +43,10 @@ def main(mode: str) -> None:
     source.poll()
     nft = Nft("ip", "natgw")
     if mode == "upgrade":
-        old = json.loads((ROOT / "netns-tests" / "layout-addr-port.json").read_text())["nftables"]
-        nft.apply(_swapped(old, "addr_0", "addr_2", APP))  # slots out of sorted order, as history leaves them
-        nft.apply([{"add": {"element": {"family": "ip", "table": "natgw", "name": "aff_0",
-                                        "elem": [{"concat": [CLIENT, *APP]}]}}}])  # a client pinned to slot 0
+        old = json.loads((ROOT / "netns-tests" / "fixtures" / "layout-addr-port.json").read_text())["nftables"]
+        nft.apply(one_transaction(_swapped(old, "addr_0", "addr_2", APP)))  # slots out of order, as history leaves them
+        nft.apply(one_transaction([{"add": {"element": {"family": "ip", "table": "natgw", "name": "aff_0",
+                                                        "elem": [{"concat": [CLIENT, *APP]}]}}}]))  # a client pinned to slot 0
         changed = Settings(gateway="gw1", conntrack=False)
     else:
         Reconciler(Settings(gateway="gw1", conntrack=False), nft).sync(source.objects())
@@ -58,7 +59,7 @@ def main(mode: str) -> None:
     assert before is not None and after is not None and reconciler.mirror is not None
     print(json.dumps({
         "transactions": nft.transactions - first,
-        "converged": plan(after, reconciler.mirror, "ip", "natgw") == [],
+        "converged": not plan(after, reconciler.mirror, "ip", "natgw"),
         "sets_before": before.sets, "sets_after": after.sets,
         "prio": after.chains["prerouting"]["prio"],
         "app_slots": {str(b): slot for b, slot in slots_of(after).get(key_identity(tuple(APP)), {}).items()},

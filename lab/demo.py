@@ -13,7 +13,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from agent.lab import Lab, cleanup_stale
+from agent.layout import SERVICES
+from agent.settings import Settings
+from lab.topology import Lab, cleanup_stale
 
 ROOT = Path(__file__).resolve().parent.parent
 EIP = "172.18.0.10"
@@ -34,7 +36,7 @@ def _print_spread(title: str, result: dict) -> None:
 def _wait_identities(lab: Lab, count: int, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        out = lab.run_in(lab.gw_ns, ["nft", "-j", "list", "map", "ip", "natgw", "services"],
+        out = lab.run_in(lab.gw_ns, ["nft", "-j", "list", "map", "ip", Settings.table, SERVICES],
                          capture_output=True, text=True)
         if out.returncode == 0 and out.stdout.count('"goto"') >= count:
             return
@@ -88,7 +90,7 @@ def _traffic(lab: Lab) -> None:
     print(f"  {sticky} of {len(many['by_source'])} clients stayed on one backend")
 
     for title, argv in (("natgw-agent show", [sys.executable, "-m", "agent.cli", "show"]),
-                        ("nft list table ip natgw", ["nft", "list", "table", "ip", "natgw"])):
+                        (f"nft list table ip {Settings.table}", ["nft", "list", "table", "ip", Settings.table])):
         out = lab.run_in(lab.gw_ns, argv, cwd=ROOT, capture_output=True, text=True)
         print(f"\n$ {title}\n{out.stdout}{out.stderr}", end="")
 

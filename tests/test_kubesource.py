@@ -15,7 +15,7 @@ from agent.kubesource import EIPS, RULES, KubeSource, WatchSettings
 from agent.model import Backend, Identity
 from agent.report import Reporter, evaluate
 from agent.settings import Settings
-from tests.conftest import ROOT, eip, rule
+from tests.builders import ROOT, eip, rule
 from tests.kubefake import FakeKube, Request
 
 SETTINGS = Settings(gateway="gw1")

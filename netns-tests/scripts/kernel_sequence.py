@@ -8,13 +8,13 @@ import random
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from agent.nft import Nft  # noqa: E402
 from agent.reconcile import Reconciler  # noqa: E402
 from agent.settings import Settings  # noqa: E402
-from tests.conftest import eip  # noqa: E402
-from tests.test_incremental import EIPS, Store, apply_edit  # noqa: E402
+from tests.builders import eip  # noqa: E402
+from tests.sources import EIPS, Store, apply_edit  # noqa: E402
 
 
 def random_edit(rng: random.Random) -> tuple:

@@ -1,7 +1,7 @@
 """Traffic helpers that run *inside* a lab network namespace.
 
-The parent (agent.lab) starts this module with
-``ip netns exec NS python -m agent.labtraffic SUBCOMMAND ...``.  Every
+The parent (lab.topology) starts this module with
+``ip netns exec NS python -m lab.traffic SUBCOMMAND ...``.  Every
 subcommand prints its result as one JSON line on stdout; long-running ones
 (``serve``, ``sniff``) first print ``ready`` and then run until stdin is
 closed (so they also die when the parent dies) or they are signalled.
@@ -353,7 +353,7 @@ def cmd_syn(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="agent.labtraffic", description=__doc__)
+    p = argparse.ArgumentParser(prog="lab.traffic", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
 
     s = sub.add_parser("serve", help="TCP/UDP servers answering with a name")

@@ -7,9 +7,9 @@ Topology (NAME = "ngw" + 6 hex chars, unique per Lab)::
          + .101 .. .140           + EIPs 172.18.0.10, .11     default via 10.0.1.1
                                   eth0 (bridge) 10.0.1.1/24 <-> vbK (bridge port)
 
-Each backend runs ``agent.labtraffic serve``: TCP 8080 and 9090 and UDP 5353
+Each backend runs ``lab.traffic serve``: TCP 8080 and 9090 and UDP 5353
 answer with the backend's name ("b1\\n").  Traffic generators and sniffers run
-as ``agent.labtraffic`` child processes inside the namespaces; scapy is only
+as ``lab.traffic`` child processes inside the namespaces; scapy is only
 ever imported there, never in this process.
 
 Used by the demo and the netns test suite::
@@ -334,7 +334,7 @@ class Lab:
         return proc
 
     def _traffic_argv(self, args: Sequence[str]) -> list[str]:
-        return [sys.executable, "-m", "agent.labtraffic", *args]
+        return [sys.executable, "-m", "lab.traffic", *args]
 
     def _child_env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -342,7 +342,7 @@ class Lab:
         return env
 
     def _start_traffic(self, ns: str, args: Sequence[str], label: str) -> subprocess.Popen[bytes]:
-        """Start a long-running labtraffic child (prints "ready", stops on stdin EOF)."""
+        """Start a long-running lab.traffic child (prints "ready", stops on stdin EOF)."""
         assert self._logdir is not None
         path = os.path.join(self._logdir, f"{label}.log")
         log = open(path, "wb")  # noqa: SIM115
@@ -399,10 +399,10 @@ class Lab:
         try:
             proc = self.run_in(ns, self._traffic_argv(args), env=self._child_env(), timeout=timeout)
         except subprocess.TimeoutExpired as exc:
-            raise LabError(f"labtraffic {args[0]} timed out after {timeout:.0f}s") from exc
+            raise LabError(f"lab.traffic {args[0]} timed out after {timeout:.0f}s") from exc
         if proc.returncode != 0:
-            raise LabError(f"labtraffic {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
-        return _last_json_line(proc.stdout, f"labtraffic {args[0]}")
+            raise LabError(f"lab.traffic {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
+        return _last_json_line(proc.stdout, f"lab.traffic {args[0]}")
 
     def _with_all_backends(self, result: dict[str, Any]) -> dict[str, Any]:
         # Every backend appears in by_backend, with 0 if it got nothing.

@@ -1,0 +1,448 @@
+"""A fake of libnftables that holds tables, in the spirit of knftables' Fake.
+
+It applies JSON commands (and the agent's closed vocabulary of nft text declarations)
+transactionally to in-memory tables: all or nothing, with the kernel's errors for missing,
+existing and busy objects (as measured against the kernel: see the cases in
+tests/test_fakenft.py); answers listings in the form nft 1.0.6 gives; counts a generation
+that moves with every committed transaction; can be told to refuse the next ones; and
+`trace()` says where a packet would go (kube-proxy's tracePacket idea), for the agent's
+rule vocabulary.
+
+Unit tests drive the agent's real Nft edge with it: drift, repair, redeclaration and
+chain retirement need no root."""
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+ENOENT = "Error: Could not process rule: No such file or directory"
+EEXIST = "Error: Could not process rule: File exists"
+EBUSY = "Error: Could not process rule: Device or resource busy"
+EOPNOTSUPP = "Error: Could not process rule: Operation not supported"
+
+ElemKey = tuple[Any, ...]
+
+
+class Refused(Exception):
+    """The kernel (or nft's parser) refuses the transaction."""
+
+
+@dataclass
+class _Elem:
+    value: Any = None  # map data; None for a set's element
+    comment: str | None = None
+    counter: tuple[int, int] | None = None  # (packets, bytes) when the set counts per element
+    timeout: int | None = None  # a dynamic entry's timeout (seconds)
+
+
+@dataclass
+class _Set:
+    handle: int
+    decl: dict[str, Any]  # type, map, flags, size, stmt: as listed
+    elems: dict[ElemKey, _Elem] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str:
+        return "map" if "map" in self.decl else "set"
+
+
+@dataclass
+class _Chain:
+    handle: int
+    decl: dict[str, Any]  # type, hook, prio, policy for a base chain; {} for a regular one
+    rules: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # (handle, rule)
+
+
+@dataclass
+class _Table:
+    handle: int
+    sets: dict[str, _Set] = field(default_factory=dict)
+    chains: dict[str, _Chain] = field(default_factory=dict)
+    next_handle: int = 1
+
+    def handle_for(self) -> int:
+        self.next_handle += 1
+        return self.next_handle - 1
+
+
+_SET_FIELDS = ("type", "map", "flags", "size", "stmt")
+_CHAIN_FIELDS = ("type", "hook", "prio", "policy")
+
+
+class FakeNft:
+    """Stands in for the agent's libnftables contexts (json_cmd, cmd), holding tables."""
+
+    def __init__(self) -> None:
+        self.tables: dict[tuple[str, str], _Table] = {}
+        self._generation = 0
+        self.batches: list[list[dict[str, Any]]] = []  # committed JSON transactions
+        self.texts: list[str] = []  # committed text transactions
+        self.refusals: list[str] = []  # the error of every refused transaction
+        self.listings = 0  # list commands answered
+        self._failures: deque[str] = deque()
+        # Refuse any JSON transaction for which this returns an error message.
+        self.refuse_if: Callable[[list[dict[str, Any]]], str | None] = lambda commands: None
+
+    # -- what the agent calls ------------------------------------------------------
+
+    def generation(self) -> int:
+        return self._generation
+
+    def json_cmd(self, doc: dict[str, Any]) -> tuple[int, Any, str]:
+        commands = doc["nftables"]
+        if commands and all("list" in c for c in commands):
+            self.listings += 1
+            try:
+                return 0, {"nftables": [self._metainfo(), *[i for c in commands for i in self._list(c["list"])]]}, ""
+            except Refused as err:
+                return 1, "", str(err)
+        if any("list" in c for c in commands):
+            raise AssertionError(f"the fake does not mix listings and changes: {commands!r}")
+        if (message := self.refuse_if(commands)) is not None:
+            self.refusals.append(message)
+            return 1, "", message
+        return self._transaction(lambda tables: [self._command(tables, c) for c in commands],
+                                 lambda: self.batches.append(copy.deepcopy(commands)))
+
+    def cmd(self, text: str) -> tuple[int, Any, str]:
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        return self._transaction(lambda tables: [self._text(tables, line) for line in lines],
+                                 lambda: self.texts.append(text))
+
+    # -- what tests call -----------------------------------------------------------
+
+    def fail_next(self, count: int = 1, message: str = "Error: Could not process rule: injected fault") -> None:
+        """Refuse the next `count` transactions (listings still answer)."""
+        self._failures.extend([message] * count)
+
+    def external(self, change: list[dict[str, Any]] | str) -> None:
+        """Someone else's transaction, JSON commands or nft text (another process: the
+        agent did not send it, and it is not recorded among the agent's)."""
+        if isinstance(change, str):
+            rc, _, err = self.cmd(change)
+            assert rc == 0, err
+            self.texts.pop()
+        else:
+            rc, _, err = self.json_cmd({"nftables": change})
+            assert rc == 0, err
+            self.batches.pop()
+
+    def pin(self, table: str, set_name: str, key: ElemKey, timeout: int = 600) -> None:
+        """A packet's `update` filling a dynamic set: no transaction, no generation."""
+        self.tables[("ip", table)].sets[set_name].elems[tuple(key)] = _Elem(timeout=timeout)
+
+    def entries(self, table: str, set_name: str) -> set[ElemKey]:
+        return set(self.tables[("ip", table)].sets[set_name].elems)
+
+    def dump(self, family: str = "ip", table: str = "natgw") -> str:
+        """The table as sorted JSON lines without handles ("" if there is none):
+        deterministic, for asserts."""
+        rc, doc, _ = self.json_cmd({"nftables": [{"list": {"table": {"family": family, "name": table}}}]})
+        self.listings -= 1
+        if rc != 0:
+            return ""  # no such table
+        lines = []
+        for item in doc["nftables"][1:]:
+            kind, body = next(iter(item.items()))
+            body = {k: v for k, v in body.items() if k != "handle"}
+            if "elem" in body:
+                body["elem"] = sorted(body["elem"], key=lambda e: json.dumps(e, sort_keys=True))
+            lines.append(json.dumps({kind: body}, sort_keys=True))
+        return "\n".join(sorted(lines))
+
+    # -- transactions ----------------------------------------------------------------
+
+    def _transaction(self, body: Callable[[dict[tuple[str, str], _Table]], Any],
+                     record: Callable[[], None]) -> tuple[int, Any, str]:
+        if self._failures:
+            message = self._failures.popleft()
+            self.refusals.append(message)
+            return 1, "", message
+        tables = copy.deepcopy(self.tables)
+        try:
+            body(tables)
+        except Refused as err:
+            self.refusals.append(str(err))
+            return 1, "", str(err)
+        self.tables = tables
+        self._generation += 1
+        record()
+        return 0, "", ""
+
+    def _command(self, tables: dict[tuple[str, str], _Table], command: dict[str, Any]) -> None:
+        (verb, what), = command.items()
+        (kind, body), = what.items()
+        getattr(self, f"_{verb}_{kind if kind != 'map' else 'set'}")(tables, body)
+
+    @staticmethod
+    def _table(tables: dict[tuple[str, str], _Table], body: dict[str, Any], key: str = "table") -> _Table:
+        table = tables.get((body["family"], body[key]))
+        if table is None:
+            raise Refused(ENOENT)
+        return table
+
+    def _add_table(self, tables: dict[tuple[str, str], _Table], body: dict[str, Any]) -> None:
+        tables.setdefault((body["family"], body["name"]), _Table(len(tables) + 1))
+
+    def _delete_table(self, tables: dict[tuple[str, str], _Table], body: dict[str, Any]) -> None:
+        self._table(tables, body, "name")
+        del tables[(body["family"], body["name"])]
+
+    def _flush_table(self, tables: dict[tuple[str, str], _Table], body: dict[str, Any]) -> None:
+        for chain in self._table(tables, body, "name").chains.values():
+            chain.rules.clear()  # rules only: sets keep their elements (as the kernel does)
+
+    def _add_chain(self, tables: dict[tuple[str, str], _Table], body: dict[str, Any]) -> None:
+        table = self._table(tables, body)
+        decl = {k: body[k] for k in _CHAIN_FIELDS if k in body}
+        chain = table.chains.get(body["name"])
+        if chain is None:
+            table.chains[body["name"]] = _Chain(table.handle_for(), decl)
+        elif decl and chain.decl != decl:
+            raise Refused(EOPNOTSUPP)  # a base chain's hook or priority cannot change in place
+
+    def _delete_chain(self, tables: dict[tuple[str, str], _Table], body: dict[str, Any]) -> None:
+        table = self._table(tables, body)
+        if body["name"] not in table.chains:
+            raise Refused(ENOENT)
+        if _chain_referenced(table, body["name"]):
+            raise Refused(EBUSY)
+        del table.chains[body["name"]]  # with its rules
+
+    def _flush_chain(self, tables: dict[tuple[str, str], _Table], body: dict[str, Any]) -> None:
+        chain = self._table(tables, body).chains.get(body["name"])
+        if chain is None:
+            raise Refused(ENOENT)
+        chain.rules.clear()
+
+    def _add_rule(self, tables: dict[tuple[str, str], _Table], body: dict[str, Any]) -> None:
+        table = self._table(tables, body)
+        chain = table.chains.get(body["chain"])
+        if chain is None:
+            raise Refused(ENOENT)
+        text = json.dumps(body["expr"])
+        if any(name not in table.sets for name in re.findall(r'"@([^"]+)"', text)):
+            raise Refused(ENOENT)
+        if any(target not in table.chains for target in _targets(body["expr"])):
+            raise Refused(ENOENT)
+        rule = {"expr": copy.deepcopy(body["expr"]), **({"comment": body["comment"]} if "comment" in body else {})}
+        chain.rules.append((table.handle_for(), rule))
+
+    def _add_set(self, tables: dict[tuple[str, str], _Table], body: dict[str, Any]) -> None:
+        table = self._table(tables, body)
+        if isinstance(body.get("map"), list) or " . " in str(body.get("map", "")):
+            raise Refused("Error: Invalid map type")  # nft 1.0.6's JSON parser takes neither form
+        if "dynamic" in body.get("flags", []):
+            raise Refused("Error: Invalid set flag")  # nft 1.0.6's JSON parser
+        decl = {k: copy.deepcopy(body[k]) for k in _SET_FIELDS if k in body}
+        existing = table.sets.get(body["name"])
+        if existing is None:
+            table.sets[body["name"]] = _Set(table.handle_for(), decl)
+        elif existing.decl != decl:
+            raise Refused(EEXIST)
+
+    def _delete_set(self, tables: dict[tuple[str, str], _Table], body: dict[str, Any]) -> None:
+        table = self._table(tables, body)
+        if body["name"] not in table.sets:
+            raise Refused(ENOENT)
+        if any(f'"@{body["name"]}"' in json.dumps(rule) for c in table.chains.values() for _, rule in c.rules):
+            raise Refused(EBUSY)
+        del table.sets[body["name"]]
+
+    def _add_element(self, tables: dict[tuple[str, str], _Table], body: dict[str, Any]) -> None:
+        table = self._table(tables, body)
+        target = table.sets.get(body["name"])
+        if target is None:
+            raise Refused(ENOENT)
+        counting = {"counter": None} in target.decl.get("stmt", [])
+        for item in body["elem"]:
+            raw, value = (item[0], item[1]) if target.kind == "map" else (item, None)
+            key, comment, timeout = _parse_key(raw)
+            if isinstance(value, dict) and "goto" in value and value["goto"]["target"] not in table.chains:
+                raise Refused(ENOENT)
+            old = target.elems.get(key)
+            if old is not None and old.value != value:
+                raise Refused(EEXIST)  # the same key with other data (in the table or in this batch)
+            if old is None:
+                target.elems[key] = _Elem(copy.deepcopy(value), comment, (0, 0) if counting else None, timeout)
+
+    def _delete_element(self, tables: dict[tuple[str, str], _Table], body: dict[str, Any]) -> None:
+        table = self._table(tables, body)
+        target = table.sets.get(body["name"])
+        if target is None:
+            raise Refused(ENOENT)
+        for raw in body["elem"]:
+            key = _parse_key(raw)[0]
+            if key not in target.elems:
+                raise Refused(ENOENT)
+            del target.elems[key]
+
+    # -- the agent's text vocabulary (agent/nft.py text_declaration) ------------------
+
+    _TEXT_TABLE = re.compile(r"add table (\w+) (\w+)")
+    _TEXT_MAP = re.compile(r"add map (\w+) (\w+) (\w+) \{ type ([\w .]+) : ([\w .]+);( counter;)? \}")
+
+    def _text(self, tables: dict[tuple[str, str], _Table], line: str) -> None:
+        if m := self._TEXT_TABLE.fullmatch(line):
+            self._add_table(tables, {"family": m[1], "name": m[2]})
+        elif m := self._TEXT_MAP.fullmatch(line):
+            table = self._table(tables, {"family": m[1], "table": m[2]})
+            decl: dict[str, Any] = {"type": m[4].split(" . "), "map": m[5]}  # listed as a string, like 1.0.6
+            if m[6]:
+                decl["stmt"] = [{"counter": None}]
+            existing = table.sets.get(m[3])
+            if existing is None:
+                table.sets[m[3]] = _Set(table.handle_for(), decl)
+            elif existing.decl != decl:
+                raise Refused(EEXIST)
+        else:
+            raise AssertionError(f"nft text outside the agent's vocabulary: {line!r}")
+
+    # -- listings --------------------------------------------------------------------
+
+    @staticmethod
+    def _metainfo() -> dict[str, Any]:
+        return {"metainfo": {"version": "1.0.6", "release_name": "fake", "json_schema_version": 1}}
+
+    def _list(self, what: dict[str, Any]) -> list[dict[str, Any]]:
+        (kind, body), = what.items()
+        if kind == "table":
+            table = self._table(self.tables, body, "name")
+            items: list[dict[str, Any]] = [{"table": {"family": body["family"], "name": body["name"], "handle": table.handle}}]
+            items += [self._set_item(body["family"], body["name"], n, s)
+                      for n, s in sorted(table.sets.items(), key=lambda kv: kv[1].handle)]
+            chains = sorted(table.chains.items(), key=lambda kv: kv[1].handle)
+            items += [{"chain": {"family": body["family"], "table": body["name"], "name": n, "handle": c.handle, **c.decl}}
+                      for n, c in chains]
+            items += [{"rule": {"family": body["family"], "table": body["name"], "chain": n, "handle": h, **rule}}
+                      for n, c in chains for h, rule in c.rules]
+            return items
+        if kind in ("set", "map"):
+            target = self._table(self.tables, body).sets.get(body["name"])
+            if target is None:
+                raise Refused(ENOENT)
+            return [self._set_item(body["family"], body["table"], body["name"], target)]
+        raise AssertionError(f"listing the fake does not answer: {what!r}")
+
+    @staticmethod
+    def _set_item(family: str, table: str, name: str, target: _Set) -> dict[str, Any]:
+        body: dict[str, Any] = {"family": family, "name": name, "table": table, "type": target.decl["type"],
+                                "handle": target.handle}
+        for k in ("map", "size", "flags"):
+            if k in target.decl:
+                body[k] = target.decl[k]
+        elems = []
+        for key, elem in target.elems.items():
+            val = {"concat": list(key)} if len(key) > 1 else key[0]
+            extra = {k: v for k, v in (("comment", elem.comment), ("timeout", elem.timeout)) if v is not None}
+            if elem.timeout is not None:
+                extra["expires"] = elem.timeout - 1
+            if elem.counter is not None:
+                extra["counter"] = {"packets": elem.counter[0], "bytes": elem.counter[1]}
+            listed = {"elem": {"val": val, **extra}} if extra else val
+            elems.append([listed, elem.value] if target.kind == "map" else listed)
+        if elems:
+            body["elem"] = elems
+        if "stmt" in target.decl:
+            body["stmt"] = target.decl["stmt"]
+        return {target.kind: body}
+
+    # -- where a packet goes -----------------------------------------------------------
+
+    def trace(self, saddr: str, daddr: str, proto: str, dport: int, pick: Callable[[int], int] = lambda mod: 0,
+              family: str = "ip", table: str = "natgw") -> tuple[str, int] | None:
+        """The backend (address, port) a new connection's first packet is DNATed to, or
+        None if it leaves without NAT. `pick(mod)` plays numgen random; affinity sets are
+        read and updated as the kernel would. Only the agent's vocabulary is understood."""
+        t = self.tables[(family, table)]
+        fields = {"saddr": saddr, "daddr": daddr, "l4proto": proto, "dport": dport}
+        base = [n for n, c in t.chains.items() if c.decl.get("hook") == "prerouting"]
+        for name in base:
+            result = _run_chain(t, name, fields, pick)
+            if result is not None:
+                return result
+        return None
+
+
+def _chain_referenced(table: _Table, name: str) -> bool:
+    for chain in table.chains.values():
+        if any(name in _targets(rule["expr"]) for _, rule in chain.rules):
+            return True
+    return any(isinstance(e.value, dict) and e.value.get("goto", {}).get("target") == name
+               for s in table.sets.values() for e in s.elems.values())
+
+
+def _targets(expr: Any) -> Iterable[str]:
+    """Chains a rule's expressions jump or go to (inline vmaps included)."""
+    if isinstance(expr, dict):
+        for verdict in ("goto", "jump"):
+            if verdict in expr and isinstance(expr[verdict], dict) and "target" in expr[verdict]:
+                yield expr[verdict]["target"]
+        for value in expr.values():
+            yield from _targets(value)
+    elif isinstance(expr, list):
+        for value in expr:
+            yield from _targets(value)
+
+
+def _parse_key(raw: Any) -> tuple[ElemKey, str | None, int | None]:
+    comment = timeout = None
+    if isinstance(raw, dict) and "elem" in raw:
+        comment, timeout = raw["elem"].get("comment"), raw["elem"].get("timeout")
+        raw = raw["elem"]["val"]
+    key = tuple(raw["concat"]) if isinstance(raw, dict) and "concat" in raw else (raw,)
+    return key, comment, timeout
+
+
+def _value(expr: dict[str, Any], fields: dict[str, Any]) -> Any:
+    if "concat" in expr:
+        return tuple(_value(e, fields) for e in expr["concat"])
+    if "payload" in expr:
+        return fields[expr["payload"]["field"]]
+    if "meta" in expr:
+        return fields[expr["meta"]["key"]]
+    raise AssertionError(f"trace: expression outside the vocabulary: {expr!r}")
+
+
+def _run_chain(t: _Table, name: str, fields: dict[str, Any], pick: Callable[[int], int]) -> tuple[str, int] | None:
+    for _, rule in t.chains[name].rules:
+        verdict: str | None = None
+        for stmt in rule["expr"]:
+            if "vmap" in stmt:
+                key, data = stmt["vmap"]["key"], stmt["vmap"]["data"]
+                if "numgen" in key:
+                    chosen = pick(key["numgen"]["mod"]) + key["numgen"]["offset"]
+                    target = dict(data["set"]).get(chosen)
+                else:
+                    elem = t.sets[data.removeprefix("@")].elems.get(_value(key, fields))
+                    target = elem.value if elem is not None else None
+                if target is None:
+                    break  # no element: the rule does not match
+                return _run_chain(t, target["goto"]["target"], fields, pick)
+            if "match" in stmt:
+                if _value(stmt["match"]["left"], fields) not in t.sets[stmt["match"]["right"].removeprefix("@")].elems:
+                    break
+            elif "goto" in stmt:
+                verdict = stmt["goto"]["target"]
+            elif "set" in stmt and stmt["set"]["op"] == "update":
+                elem = stmt["set"]["elem"]["elem"]
+                target = t.sets[stmt["set"]["set"].removeprefix("@")]
+                target.elems[_value(elem["val"], fields)] = _Elem(timeout=elem.get("timeout"))
+            elif "dnat" in stmt:
+                mapping = stmt["dnat"]["addr"]["map"]
+                elem = t.sets[mapping["data"].removeprefix("@")].elems.get(_value(mapping["key"], fields))
+                if elem is None:
+                    break  # no backend in this slot: the packet goes on, not NATed
+                if elem.counter is not None:
+                    elem.counter = (elem.counter[0] + 1, elem.counter[1] + 60)
+                addr, port = elem.value["concat"]
+                return addr, port
+            else:
+                raise AssertionError(f"trace: statement outside the vocabulary: {stmt!r}")
+        if verdict is not None:
+            return _run_chain(t, verdict, fields, pick)
+    return None

@@ -1,0 +1,59 @@
+"""The fake holds a table as the kernel does: every case of tests/fakenft_cases.py gives
+the kernel's answer (netns-tests/test_fakenft_kernel.py runs the same cases against the
+kernel), a refused transaction leaves nothing behind, and trace() follows the agent's
+rules to a backend."""
+from __future__ import annotations
+
+import pytest
+
+from agent.layout import identity_key
+from agent.model import Identity
+from agent.nft import Nft
+from agent.plan import plan
+from tests.builders import rendered, web_objects
+from tests.fakenft import FakeNft
+from tests.fakenft_cases import CASES, OK, SETUP
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_each_case_gets_the_kernels_answer(case: str) -> None:
+    fake = FakeNft()
+    assert fake.json_cmd({"nftables": SETUP})[0] == 0
+    before, generation = fake.dump("ip", "t"), fake.generation()
+    commands, expected = CASES[case]
+    rc, _, err = fake.json_cmd({"nftables": commands})
+    if expected == OK:
+        assert (rc, err) == (0, "") and fake.generation() == generation + 1
+    else:
+        assert rc == 1 and expected in err, err
+        assert fake.dump("ip", "t") == before and fake.generation() == generation  # all or nothing
+
+
+def test_listings_do_not_move_the_generation_and_missing_tables_are_enoent() -> None:
+    fake = FakeNft()
+    rc, _, err = fake.json_cmd({"nftables": [{"list": {"table": {"family": "ip", "name": "natgw"}}}]})
+    assert rc == 1 and "No such file or directory" in err and fake.generation() == 0
+
+
+def test_fail_next_refuses_and_changes_nothing() -> None:
+    fake = FakeNft()
+    fake.fail_next(2, "Error: injected")
+    assert fake.json_cmd({"nftables": SETUP}) == (1, "", "Error: injected")
+    assert fake.cmd("add table ip t") == (1, "", "Error: injected")
+    assert fake.tables == {} and fake.generation() == 0
+    assert fake.json_cmd({"nftables": SETUP})[0] == 0 and fake.generation() == 1
+
+
+def test_trace_follows_the_rendered_table_to_each_backend_and_pins_clientip() -> None:
+    fake = FakeNft()
+    nft = Nft("ip", "natgw", fake)
+    nft.apply(plan(None, rendered(web_objects()), "ip", "natgw"))
+    web = [fake.trace("198.51.100.7", "172.18.0.10", "tcp", 80, pick=lambda mod, i=i: i) for i in range(3)]
+    assert web == [("10.0.1.11", 8080), ("10.0.1.12", 8080), ("10.0.1.13", 8080)]
+    assert fake.trace("198.51.100.7", "172.18.0.10", "tcp", 81) is None  # no identity: not NATed
+    assert fake.trace("198.51.100.7", "172.18.0.10", "udp", 53) == ("10.0.1.12", 5353)
+    first = fake.trace("198.51.100.8", "172.18.0.10", "tcp", 443, pick=lambda mod: 1)
+    assert first == ("10.0.1.12", 9090)
+    assert fake.entries("natgw", "aff_1") == {("198.51.100.8", *identity_key(Identity("172.18.0.10", 443, "tcp")))}
+    again = fake.trace("198.51.100.8", "172.18.0.10", "tcp", 443, pick=lambda mod: 0)
+    assert again == first  # pinned: numgen is not consulted for a known client

@@ -1,0 +1,59 @@
+"""Import contracts (kopf's import-linter idea, by reading the source): the pure core
+imports no I/O library, directly or through another agent module, and nothing the agent
+ships imports the lab."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tests.builders import ROOT
+
+AGENT = ROOT / "agent"
+PURE = ("model", "desired", "layout", "render", "ruleset", "plan", "leftovers", "legacy")
+IO = {"nftables", "pyroute2", "subprocess", "socket", "threading", "kubernetes", "prometheus_client", "structlog",
+      "ctypes", "os", "http", "urllib3", "yaml"}
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module a file imports, at the top or inside a function (absolute names)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def closure(module: str) -> set[str]:
+    """What an agent module imports, through every agent module it imports."""
+    seen, todo, external = set(), [module], set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for imported in imports_of(AGENT / f"{name}.py"):
+            top, _, rest = imported.partition(".")
+            if top == "agent" and rest and (AGENT / f"{rest.split('.')[0]}.py").exists():
+                todo.append(rest.split(".")[0])
+            elif top != "agent":
+                external.add(top)
+    return external
+
+
+@pytest.mark.parametrize("module", PURE)
+def test_the_pure_core_imports_no_io(module: str) -> None:
+    assert closure(module) & IO == set(), f"agent/{module}.py reaches I/O: {sorted(closure(module) & IO)}"
+
+
+def test_the_contract_can_fail() -> None:
+    assert {"nftables", "pyroute2", "subprocess"} <= closure("nft") | closure("conntrack")  # the edges do
+
+
+def test_nothing_the_agent_ships_imports_the_lab() -> None:
+    for path in sorted(AGENT.glob("*.py")):
+        assert not any(m == "lab" or m.startswith("lab.") for m in imports_of(path)), path.name

@@ -1,0 +1,262 @@
+"""The reconciler against a fake of the nft edge that holds a table: partial syncs land
+exactly where full syncs land (random edit sequences, each applied once incrementally and
+once as a full sync), a change costs only its identity's commands, and the mirror stays
+what the table holds."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings as hsettings, strategies as st
+
+from agent.desired import ListCatalog, desired_services
+from agent.model import build_inventory
+from agent.nft import Nft
+from agent.plan import plan
+from agent.reconcile import Reconciler
+from agent.render import render
+from agent.settings import Settings
+from tests.builders import eip, rule
+from tests.fakenft import FakeNft
+from tests.sources import EIPS, Store, apply_edit
+
+SETTINGS = Settings(gateway="gw1", conntrack=False)
+
+
+edits = st.one_of(
+    st.tuples(st.just("rule"), st.integers(0, 11), st.sampled_from(list(EIPS)), st.sampled_from([80, 443]),
+              st.sampled_from(["tcp", "UDP"]), st.integers(1, 6), st.sampled_from(["", "ClientIP"]),
+              st.sampled_from([0, 60, 600])),
+    st.tuples(st.just("drop-rule"), st.integers(0, 11)),
+    st.tuples(st.just("eip"), st.sampled_from(list(EIPS)), st.sampled_from(["gw1", "gw2"]),
+              st.sampled_from(["172.18.0.10", "172.18.0.20", "172.18.0.30", "bad"])),
+    st.tuples(st.just("drop-eip"), st.sampled_from(list(EIPS))),
+)
+
+
+@hsettings(max_examples=150, deadline=None)
+@given(st.lists(edits, min_size=1, max_size=40), st.integers(1, 6))
+def test_partial_syncs_match_full_syncs(history: list[tuple[Any, ...]], every: int) -> None:
+    store = Store()
+    for name, address in EIPS.items():
+        store.put(eip(name, address))
+    settings = Settings(gateway="gw1", conntrack=False, retire_delay=0.0)
+    partial = Reconciler(settings, Nft("ip", "natgw", FakeNft()))
+    full = Reconciler(settings, Nft("ip", "natgw", FakeNft()))
+    partial.sync(store, None)
+    full.sync(ListCatalog(store.objects()))
+    store.take()
+    for step, edit in enumerate(history, 1):
+        apply_edit(store, edit)
+        if step % every and step != len(history):
+            continue  # several edits per sync, as when changes pile up during an apply
+        partial.sync(store, store.take())
+        full.sync(ListCatalog(store.objects()))
+        for reconciler in (partial, full):
+            reconciler.retire_chains()  # emptied chains go (retire_delay 0 here)
+        assert partial.mirror == full.mirror
+        assert partial.state.services == full.state.services
+        assert sorted(map(str, partial.state.errors)) == sorted(map(str, full.state.errors))
+        # ... and both mirrors are what their tables hold.
+        assert partial.nft.read() == partial.mirror and full.nft.read() == full.mirror
+    # The mirror is exactly what a fresh render gives for the final objects (slots kept).
+    services = desired_services(build_inventory(store.objects(), "gw1").rules, SETTINGS.max_backends).services
+    assert partial.state.services == services
+    fresh = render(services, partial.mirror, SETTINGS.affinity_set_size, SETTINGS.priority)
+    assert plan(partial.mirror, fresh, "ip", "natgw").commands == ()
+
+
+def test_one_change_among_many_touches_only_its_identity() -> None:
+    store = Store()
+    store.put(eip("eip-a", "172.18.0.10"))
+    for i in range(300):
+        for b in range(4):
+            store.put(rule(f"r{i}-{b}", 1000 + i, f"10.0.{b}.{i % 250 + 1}", eip_name="eip-a"))
+    backend = FakeNft()
+    reconciler = Reconciler(SETTINGS, Nft("ip", "natgw", backend))
+    reconciler.sync(store, None)
+    store.take()
+    store.put(rule("r7-2", 1007, "10.9.9.9", eip_name="eip-a"))
+    result = reconciler.sync(store, store.take())
+    (batch,) = backend.batches[1:]  # one transaction ...
+    assert result.commands == len(batch) == 2  # ... swapping one element: same port, new address
+    assert len(backend.texts) == 1  # the backend maps were declared once, by the first sync
+    assert [next(iter(c)) for c in batch] == ["delete", "add"]
+    for command in batch:
+        element = next(iter(command.values()))["element"]
+        assert element["name"] == "backend_2"
+        keys = [e[0] if isinstance(e, list) else e for e in element["elem"]]  # [key, value] on add
+        assert keys == [{"concat": ["172.18.0.10", "tcp", 1007]}]
+    assert reconciler.sync(store, store.take()).commands == 0  # nothing changed: nothing sent
+
+
+def test_declaring_backend_maps_first_is_not_mistaken_for_drift() -> None:
+    """A sync that declares new backend maps sends two transactions (text, then JSON); the
+    drift check must count both as the agent's own and not read the table back."""
+    store = Store()
+    store.put(eip("eip-a", "172.18.0.10"))
+    store.put(rule("r", 80, "10.0.1.1", eip_name="eip-a"))
+    backend = FakeNft()
+    nft = Nft("ip", "natgw", backend)
+    reconciler = Reconciler(SETTINGS, nft)
+    reconciler.sync(store, None)
+    assert len(backend.texts) == 1 and nft.generation() == 2
+    assert reconciler.check_drift() is False and backend.listings == 1  # no read-back but the first sync's
+    backend.external([{"add": {"table": {"family": "ip", "name": "other"}}}])  # someone else's transaction ...
+    assert reconciler.check_drift() is False and backend.listings == 2  # ... makes it read back: no drift
+    backend.external([{"flush": {"chain": {"family": "ip", "table": "natgw", "name": "slot_0"}}}])
+    reconciler._last_readback = float("-inf")  # (the gap between read-backs: not what this test is about)
+    assert reconciler.check_drift() is True  # our table changed: drift
+
+
+# ---- against the fake table: what only the kernel could show before, without root
+
+FAST = Settings(gateway="gw1", conntrack=False, retire_delay=0.0, drift_readback_gap=0.0)
+REF = {"family": "ip", "table": "natgw"}
+PINNED = ("198.51.100.7", "172.18.0.10", "tcp", 443)
+
+
+def programmed(settings: Settings = FAST) -> tuple[FakeNft, Reconciler, Store]:
+    from tests.builders import web_objects
+
+    backend, store = FakeNft(), Store()
+    for obj in web_objects():
+        store.put(obj)
+    reconciler = Reconciler(settings, Nft("ip", "natgw", backend))
+    reconciler.sync(store, None)
+    store.take()
+    backend.pin("natgw", "aff_0", PINNED)  # a client the data path pinned to slot 0
+    return backend, reconciler, store
+
+
+def test_a_restarted_agent_sends_nothing_to_an_unchanged_table() -> None:
+    backend, reconciler, store = programmed()
+    again = Reconciler(FAST, Nft("ip", "natgw", backend))
+    assert again.sync(store, None).commands == 0 and again.mirror == reconciler.mirror
+    assert PINNED in backend.entries("natgw", "aff_0")
+
+
+DRIFTS = {
+    "table deleted": [{"delete": {"table": {"family": "ip", "name": "natgw"}}}],
+    "chain flushed": [{"flush": {"chain": {**REF, "name": "slot_0"}}}],
+    "element deleted": [{"delete": {"element": {**REF, "name": "backend_1", "elem": [{"concat": ["172.18.0.10", "tcp", 80]}]}}}],
+    "element changed": [{"delete": {"element": {**REF, "name": "services", "elem": [{"concat": ["172.18.0.10", "tcp", 80]}]}}},
+                        {"add": {"element": {**REF, "name": "services", "elem": [[{"concat": ["172.18.0.10", "tcp", 80]}, {"drop": None}]]}}}],
+    "affinity set deleted": [{"flush": {"chain": {**REF, "name": "aff_t600_n2"}}}, {"flush": {"chain": {**REF, "name": "sticky_1_t600"}}},
+                             {"delete": {"set": {**REF, "name": "aff_1"}}}],
+    "rule added": [{"add": {"rule": {**REF, "chain": "lb_n3", "expr": [{"drop": None}]}}}],
+}
+
+
+@pytest.mark.parametrize("drift", list(DRIFTS))
+def test_drift_is_detected_and_repaired(drift: str) -> None:
+    backend, reconciler, store = programmed()
+    good = backend.dump()
+    backend.external(DRIFTS[drift])
+    assert backend.dump() != good
+    assert reconciler.check_drift() is True
+    result = reconciler.sync(store, store.take())
+    assert result.commands > 0 and not result.partial  # a drift repair is a full sync
+    reconciler.retire_chains()
+    if drift == "table deleted":  # the pinned client went with it: as it was, but for that
+        backend.pin("natgw", "aff_0", PINNED)
+    assert backend.dump() == good  # everything as it was, the pinned client included
+    assert reconciler.check_drift() is False  # and the repair is not itself taken for drift
+    assert reconciler.sync(store, store.take()).commands == 0
+
+
+def test_a_backend_map_redeclared_by_someone_else_is_repaired_in_place() -> None:
+    backend, reconciler, store = programmed()
+    good = backend.dump()
+    backend.external([{"flush": {"chain": {**REF, "name": "slot_1"}}}, {"delete": {"map": {**REF, "name": "backend_1"}}}])
+    backend.external("add map ip natgw backend_1 { type ipv4_addr . inet_proto . inet_service : ipv4_addr . inet_service; }")
+    assert reconciler.check_drift() is True
+    reconciler.sync(store, store.take())
+    assert backend.dump() == good
+    assert PINNED in backend.entries("natgw", "aff_0")  # the table (and its affinity) stayed
+
+
+def test_someone_elses_table_is_not_drift() -> None:
+    backend, reconciler, _ = programmed()
+    listings = backend.listings
+    backend.external([{"add": {"table": {"family": "ip", "name": "other"}}}])
+    assert reconciler.check_drift() is False and backend.listings == listings + 1  # read back once, found nothing
+    assert reconciler.check_drift() is False and backend.listings == listings + 1  # and not again for the same generation
+
+
+def test_a_settings_change_redeclares_in_one_transaction_keeping_elements_and_pins() -> None:
+    backend, reconciler, store = programmed(Settings(gateway="gw1", conntrack=False))
+    before = reconciler.nft.read()
+    changed = Settings(gateway="gw1", conntrack=False, affinity_set_size=1024, priority=-161)
+    batches = len(backend.batches)
+    Reconciler(changed, Nft("ip", "natgw", backend)).sync(store, None)
+    assert len(backend.batches) == batches + 1 and not backend.texts[1:]  # one JSON transaction, no text
+    after = reconciler.nft.read()
+    assert {n: d.get("size") for n, d in after.sets.items() if n.startswith("aff_")} == {"aff_0": 1024, "aff_1": 1024}
+    assert after.chains["prerouting"]["prio"] == -161
+    assert after.elements == before.elements  # maps and their elements stayed
+    assert PINNED not in backend.entries("natgw", "aff_0")  # a redeclared set starts empty (the kernel's way)
+
+
+def test_emptied_chains_are_retired_later_and_not_while_in_use() -> None:
+    backend, reconciler, store = programmed(Settings(gateway="gw1", conntrack=False, retire_delay=3600.0))
+    store.drop("IptablesDnatRule", "web-c")
+    reconciler.sync(store, store.take())
+    table = backend.tables[("ip", "natgw")]
+    assert table.chains["lb_n3"].rules == [] and "lb_n2" in table.chains  # emptied, not deleted yet
+    reconciler.retire_chains()
+    assert "lb_n3" in table.chains  # not due
+    reconciler.settings = FAST
+    reconciler.retire_chains()
+    assert "lb_n3" not in backend.tables[("ip", "natgw")].chains  # deleted in a transaction of its own
+    assert backend.batches[-1] == [{"delete": {"chain": {**REF, "name": n}}} for n in ("lb_n3", "slot_2")]
+
+
+def test_a_chain_in_use_again_is_not_retired() -> None:
+    from tests.builders import rule
+
+    backend, reconciler, store = programmed(Settings(gateway="gw1", conntrack=False, retire_delay=3600.0))
+    store.drop("IptablesDnatRule", "web-c")
+    reconciler.sync(store, store.take())
+    store.put(rule("web-c", 80, "10.0.1.13"))
+    reconciler.sync(store, store.take())
+    reconciler.settings = FAST
+    reconciler.retire_chains()
+    assert backend.tables[("ip", "natgw")].chains["lb_n3"].rules != []  # back in use, kept
+
+
+def test_a_failed_retirement_makes_the_next_sync_read_back() -> None:
+    backend, reconciler, store = programmed()
+    store.drop("IptablesDnatRule", "web-c")
+    reconciler.sync(store, store.take())
+    backend.external([{"add": {"chain": {**REF, "name": "x"}}}, {"add": {"rule": {**REF, "chain": "x", "expr": [{"goto": {"target": "lb_n3"}}]}}}])
+    listings = backend.listings
+    reconciler.retire_chains()  # EBUSY: someone points at it
+    assert "lb_n3" in backend.tables[("ip", "natgw")].chains
+    reconciler.sync(store, store.take())
+    assert backend.listings == listings + 1
+
+
+objects_sets = st.lists(st.tuples(st.sampled_from([80, 443, 53]), st.sampled_from(["tcp", "UDP"]), st.integers(1, 6),
+                                  st.sampled_from(["", "ClientIP"])), max_size=12)
+
+
+@hsettings(max_examples=200, deadline=None)
+@given(objects_sets, objects_sets)
+def test_applying_a_plan_to_a_table_holding_a_leaves_it_holding_b(first: list[Any], second: list[Any]) -> None:
+    from agent.plan import retire, stale_chains
+    from tests.builders import rendered
+
+    def objects(spec: list[Any]) -> list[dict[str, Any]]:
+        return [eip("eip-web", "172.18.0.10"), *(rule(f"r{i}", port, f"10.0.1.{b}", proto=proto, affinity=aff, timeout=60)
+                                                for i, (port, proto, b, aff) in enumerate(spec))]
+
+    a = rendered(objects(first))
+    b = rendered(objects(second), a)
+    backend = FakeNft()
+    nft = Nft("ip", "natgw", backend)
+    nft.apply(plan(None, a, "ip", "natgw"))
+    assert nft.read() == a
+    nft.apply(plan(a, b, "ip", "natgw"))
+    nft.apply(retire(stale_chains(a, b), "ip", "natgw"))
+    assert nft.read() == b

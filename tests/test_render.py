@@ -1,0 +1,45 @@
+"""Rendering: the golden table for examples/, slots that stay put, comments."""
+from agent.dirsource import DirectorySource
+from agent.layout import parse_target, slots_of
+from agent.model import Backend, Identity
+from agent.plan import document, plan
+from agent.render import assign_slots
+from tests.builders import ROOT, rendered, rule
+from tests.golden import check_golden
+
+
+def test_examples_render_matches_golden():
+    source = DirectorySource(ROOT / "examples")
+    source.poll()
+    check_golden(ROOT / "rulesets" / "examples.json", document(plan(None, rendered(source.objects()), "ip", "natgw").commands))
+
+
+def test_surviving_backends_keep_their_slots(web_objects):
+    before = rendered(web_objects)
+    web = Identity("172.18.0.10", 80, "tcp")
+    assert slots_of(before)[web] == {Backend("10.0.1.11", 8080): 0, Backend("10.0.1.12", 8080): 1,
+                                     Backend("10.0.1.13", 8080): 2}
+    without_b = rendered([o for o in web_objects if o["metadata"]["name"] != "web-b"], before)
+    assert slots_of(without_b)[web] == {Backend("10.0.1.11", 8080): 0, Backend("10.0.1.13", 8080): 2}
+    assert parse_target(without_b.elements["services"][("172.18.0.10", "tcp", 80)].value["goto"]["target"]) == (False, 0)
+    refilled = rendered([o for o in web_objects if o["metadata"]["name"] != "web-b"]
+                        + [rule("web-e", 80, "10.0.1.15")], without_b)
+    assert slots_of(refilled)[web][Backend("10.0.1.15", 8080)] == 1  # lowest free slot
+
+
+def test_assign_slots_is_lowest_free_and_stable():
+    web = Identity("1.1.1.1", 80, "tcp")
+    a, b, c = Backend("10.0.0.1", 1), Backend("10.0.0.2", 1), Backend("10.0.0.3", 1)
+
+    class Svc:
+        backends = (a, c)
+
+    assert assign_slots({web: Svc}, {web: {a: 3, b: 0}}) == {web: {a: 3, c: 0}}
+
+
+def test_rule_names_reach_comments_truncated(web_objects):
+    many = web_objects + [rule(f"web-extra-{i:03d}-with-a-long-name", 80, "10.0.1.11") for i in range(20)]
+    rs = rendered(many)
+    comment = rs.elements["services"][("172.18.0.10", "tcp", 80)].comment
+    assert len(comment) <= 128 and comment.endswith("more")
+    assert rs.elements["backend_1"][("172.18.0.10", "tcp", 80)].comment is None  # names only on services: see README
