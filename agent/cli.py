@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
 import structlog
 from kubernetes.client import ApiClient, Configuration
@@ -18,19 +18,21 @@ from agent.dirsource import DirectorySource
 from agent.errors import ApplyError
 from agent.events import EventRecorder
 from agent.health import Health, serve
+from agent.kernel import KernelView
 from agent.kubesource import KubeSource
-from agent.layout import Counters, counters_of
 from agent.loop import Source, run_loop
 from agent.metrics import Metrics
 from agent.nft import IDENTIFIER, Nft
 from agent.plan import document, one_transaction, plan
-from agent.reconcile import Reconciler
+from agent.reconcile import connected
 from agent.render import render
 from agent.report import Reporter, evaluate
 from agent.ruleset import EMPTY
-from agent.settings import Settings
+from agent.nfnetlink import NetlinkError
 from agent.nfttext import to_text
+from agent.settings import Settings
 from agent.show import format_show, inspect
+from agent.status import StatusServer, query
 
 
 def _table_name(value: str) -> str:
@@ -64,8 +66,12 @@ def _parser() -> argparse.ArgumentParser:
                            help="host:port of /healthz, /livez and /readyz")
             s.add_argument("--take-over-legacy", action="store_true",
                            help="remove the legacy kube-ovn table's objects for the identities the agent serves")
+            s.add_argument("--state-dir", type=Path, default=Settings.state_dir,
+                           help="where the agent keeps its status socket (agent.sock)")
     show = sub.add_parser("show", help="print what the kernel holds, one block per identity")
     show.add_argument("--json", action="store_true", help="machine-readable output")
+    show.add_argument("--state-dir", type=Path, default=Settings.state_dir,
+                      help="where the running agent's status socket is (its capabilities and problems)")
     show.add_argument("--identity", help="only this identity, as EIP:PORT/PROTO (e.g. 172.18.0.10:80/tcp)")
     sub.add_parser("cleanup", help="remove everything the agent owns (its table); nothing else is touched")
     return p
@@ -76,10 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     logsetup.configure(args.log_format, args.log_level)
     if args.command == "show":
         try:
-            sys.stdout.write(format_show(inspect(Nft("ip", args.table), args.identity), args.json))
-        except ApplyError as err:
-            print(f"natgw-agent: cannot read the table: {err.message}", file=sys.stderr)
+            found = inspect(KernelView("ip", args.table, subscribe=False), args.identity)
+        except (NetlinkError, OSError) as err:
+            print(f"natgw-agent: cannot read the table: {err}", file=sys.stderr)
             return 1
+        sys.stdout.write(format_show(found, args.json, _agent_status(args.state_dir / "agent.sock")))
         return 0
     if args.command == "cleanup":
         return _cleanup(args.table)
@@ -88,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     settings = Settings(gateway=args.gateway, from_dir=args.from_dir, kubeconfig=args.kubeconfig, table=args.table,
                         **({"event_namespace": args.event_namespace, "metrics_addr": args.metrics_addr,
-                            "take_over_legacy": args.take_over_legacy} if args.command == "run" else {}))
+                            "take_over_legacy": args.take_over_legacy, "state_dir": args.state_dir}
+                           if args.command == "run" else {}))
     api = None if settings.from_dir is not None else _api_client(settings)
     source: Source = DirectorySource(settings.from_dir) if api is None else KubeSource(api, settings.watch)
     if args.command in ("render", "diff"):
@@ -99,27 +107,24 @@ def main(argv: list[str] | None = None) -> int:
 def _cleanup(table: str) -> int:
     """Delete the agent's table: its rules, maps and affinity sets. Flows already set up
     keep their conntrack entries; new connections fall through to whatever else is there."""
-    nft = Nft("ip", table)
     try:
-        if nft.read() is None:
+        if KernelView("ip", table, subscribe=False).read() is None:
             print(f"natgw-agent: no table ip {table}: nothing to remove")
             return 0
-        nft.apply(one_transaction([{"delete": {"table": {"family": "ip", "name": table}}}]))
-    except ApplyError as err:
-        print(f"natgw-agent: cleanup failed: {err.message}", file=sys.stderr)
+        Nft("ip", table).apply(one_transaction([{"delete": {"table": {"family": "ip", "name": table}}}]))
+    except (ApplyError, NetlinkError) as err:
+        print(f"natgw-agent: cleanup failed: {err}", file=sys.stderr)
         return 1
     print(f"natgw-agent: removed table ip {table}")
     return 0
 
 
-def _backend_counters(nft: Nft) -> Callable[[], Counters]:
-    def read() -> Counters:
-        try:
-            listing = nft.listing()
-        except ApplyError:
-            return {}  # a scrape must not fail on it
-        return counters_of(listing) if listing is not None else {}
-    return read
+def _agent_status(path: Path) -> dict[str, Any] | None:
+    """The running agent's status (capabilities, problems), None if none answers."""
+    try:
+        return query(path, "status")
+    except (OSError, ValueError):
+        return None
 
 
 def _api_client(settings: Settings) -> ApiClient:
@@ -144,8 +149,7 @@ def _render(settings: Settings, source: Source, wait: float, mode: str, text: bo
     desired, _ = evaluate(source.objects(), settings, Reporter())
     if mode == "diff":
         # Against the kernel, with the kernel's slots: exactly what a sync would send now.
-        nft = Nft("ip", settings.table)
-        kernel = nft.read()
+        kernel = KernelView("ip", settings.table, subscribe=False).read()
         wanted = render(desired.services, kernel or EMPTY, settings.affinity_set_size, settings.priority)
         todo = plan(kernel, wanted, "ip", settings.table)
         sys.stdout.write(document(todo.commands) if todo else "")
@@ -173,7 +177,14 @@ def _run(settings: Settings, source: Source, api: ApiClient | None) -> int:
     events = EventRecorder(api, settings.event_namespace, host=settings.gateway) if api is not None else None
     health = Health(settings.healthz_stale_after, settings.livez_wedged_after)
     metrics = Metrics()
-    metrics.serve_backend_counters(_backend_counters(Nft("ip", settings.table)))  # its own context: another thread
+    # Counters through a read-only view of their own (its own socket: another thread).
+    metrics.serve_backend_counters(KernelView("ip", settings.table, subscribe=False).counters)
+    reconciler = connected(settings, Reporter(events, settings.gateway))
+    try:
+        status: StatusServer | None = StatusServer(settings.state_dir / "agent.sock", health.answer(reconciler.caps))
+    except OSError as err:  # `natgw-agent health` will say so; the data plane is programmed all the same
+        log.error("status socket unavailable", path=str(settings.state_dir / "agent.sock"), error=str(err))
+        status = None
     try:
         server = serve(health, settings.metrics_addr, metrics.registry)
     except OSError as err:  # a taken port must not keep the data plane from being programmed
@@ -183,9 +194,10 @@ def _run(settings: Settings, source: Source, api: ApiClient | None) -> int:
         events.start()
     source.start()
     try:
-        run_loop(settings, source, Reconciler(settings, Nft("ip", settings.table), reporter=Reporter(events, settings.gateway)),
-                 stop, health, metrics)
+        run_loop(settings, source, reconciler, stop, health, metrics)
     finally:
+        if status is not None:
+            status.close()
         source.stop()
         if events is not None:
             events.stop()

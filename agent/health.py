@@ -28,6 +28,7 @@ class Health:
         self.pending_since: float | None = None  # oldest change not yet in the kernel
         self.last_error: str | None = None
         self.heartbeat = clock()
+        self.problems: list[str] = []  # what keeps the agent from serving at all (said by `show`)
 
     def beat(self) -> None:
         self.heartbeat = self._clock()
@@ -60,9 +61,24 @@ class Health:
         return True, {"status": "ok"}
 
     def readyz(self) -> tuple[bool, dict[str, Any]]:
+        if self.problems:
+            return False, {"status": "not ready", "reason": "; ".join(self.problems)}
         if not self.synced_once:
             return False, {"status": "not ready", "reason": "no full sync yet"}
         return True, {"status": "ok"}
+
+    def answer(self, capabilities: Any) -> Callable[[str], tuple[bool, dict[str, Any]]]:
+        """Answers for the status socket (agent/status.py): ready, live, status."""
+        def answer(query: str) -> tuple[bool, dict[str, Any]]:
+            if query == "ready":
+                return self.readyz()
+            if query == "live":
+                return self.livez()
+            ready, why = self.readyz()
+            return ready, {"ready": ready, "live": self.livez()[0], "healthy": self.healthz()[0],
+                           "reason": why.get("reason"), "problems": list(self.problems),
+                           "capabilities": capabilities.as_dict(), "lastError": self.last_error}
+        return answer
 
 
 def serve(health: Health, address: str, registry: CollectorRegistry | None = None) -> ThreadingHTTPServer:

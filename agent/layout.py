@@ -182,23 +182,20 @@ def served(ruleset: Ruleset) -> Iterator[tuple[Identity, Elem]]:
         yield key_identity(key), elem
 
 
-def counters_of(listing: Mapping[str, Any]) -> Counters:
-    """{("eip:port/proto", "ip:port"): (packets, bytes)} from the element counters of the
-    backend maps in a table listing."""
+def backend_counters(elements: Mapping[str, Mapping[ElemKey, Elem]],
+                     counters: Mapping[str, Mapping[ElemKey, tuple[int, int]]]) -> Counters:
+    """{("eip:port/proto", "ip:port"): (packets, bytes)} from the backend maps' elements
+    and their per-element counters."""
     result: Counters = {}
-    for item in listing.get("nftables", []):
-        body = item.get("map", {})
-        if backend_slot(str(body.get("name", ""))) is None:
+    for name, by_key in counters.items():
+        if backend_slot(name) is None:
             continue
-        for key, data in body.get("elem", []):
-            elem = key.get("elem", {}) if isinstance(key, dict) else {}
-            identity = elem.get("val", {}).get("concat", ()) if isinstance(elem.get("val"), dict) else ()
-            backend = data.get("concat", ()) if isinstance(data, dict) else ()
-            counter = elem.get("counter") or {}
-            if len(identity) == 3 and len(backend) == 2:
-                eip, proto, port = identity
-                result[(f"{eip}:{port}/{proto}", f"{backend[0]}:{backend[1]}")] = (
-                    int(counter.get("packets", 0)), int(counter.get("bytes", 0)))
+        held = elements.get(name, {})
+        for key, counter in by_key.items():
+            elem = held.get(key)
+            backend = backend_of(elem) if elem is not None else None
+            if backend is not None and len(key) == 3:
+                result[(str(key_identity(key)), str(backend))] = counter
     return result
 
 

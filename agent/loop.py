@@ -52,7 +52,6 @@ def run_loop(settings: Settings, source: Source, reconciler: Reconciler, stop: t
     retry_at = 0.0
     now = time.monotonic()
     resync_at = now + settings.resync_interval
-    drift_at = now + settings.drift_interval
     while not stop.is_set():
         health.beat()
         now = time.monotonic()
@@ -66,8 +65,7 @@ def run_loop(settings: Settings, source: Source, reconciler: Reconciler, stop: t
             reconciler.request_full_sync()
             resync_at = now + settings.resync_interval
             queue()
-        if now >= drift_at and not pending:
-            drift_at = now + settings.drift_interval
+        if not pending:  # after the sync: its notifications wait in their socket meanwhile
             try:
                 if reconciler.check_drift():
                     queue()

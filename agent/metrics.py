@@ -1,18 +1,24 @@
 """Prometheus metrics, named after kube-proxy's where they mean the same thing.
 
 Sync and programming metrics are recorded by the reconcile loop; per-backend packet and
-byte counters are read from the kernel's per-element nft counters at scrape time, so the
-load spread is visible without tcpdump."""
+byte counters come from the kernel's per-element nft counters, read in the background
+(never on the scrape's thread, never through the loop's sockets), so the load spread is
+visible without tcpdump and a scrape costs no kernel work."""
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Callable, Iterable
+
+import structlog
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from agent.errors import RuleError
+
+log = structlog.get_logger()
 
 # Syncs take from under a millisecond (one change) to a few seconds (10,000 identities).
 _SYNC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -67,14 +73,50 @@ class Metrics:
                     counter.inc(delta)
                     self._watch_seen[seen] = total
 
-    def serve_backend_counters(self, read: Callable[[], dict[tuple[str, str], tuple[int, int]]]) -> None:
-        """Export `read()` -- {(identity, backend): (packets, bytes)} from the kernel -- at
-        each scrape."""
-        self.registry.register(_BackendCounters(read))
+    def serve_backend_counters(self, read: Callable[[], Counters], interval: float = 10.0) -> CachedCounters:
+        """Export `read()` -- {(identity, backend): (packets, bytes)} from the kernel -- as
+        last read in the background (at most every `interval` s, and only while scraped)."""
+        cached = CachedCounters(read, interval)
+        self.registry.register(_BackendCounters(cached.get))
+        return cached
+
+
+Counters = dict[tuple[str, str], tuple[int, int]]
+
+
+class CachedCounters:
+    """The last reading of `read()`, refreshed by a thread of its own when a scrape finds
+    it older than `interval`: the scrape itself answers at once with what is there (at
+    10,000 identities x 4 a reading takes ~0.2 s of dumps and decoding; a scrape every
+    15 s then costs ~1% of a core, none of it on the request or the loop)."""
+
+    def __init__(self, read: Callable[[], Counters], interval: float) -> None:
+        self._read = read
+        self.interval = interval
+        self._value: Counters = {}
+        self._read_at = float("-inf")
+        self._due = threading.Event()
+        self._thread = threading.Thread(target=self._work, name="counters", daemon=True)
+        self._thread.start()
+
+    def get(self) -> Counters:
+        if time.monotonic() - self._read_at >= self.interval:
+            self._due.set()
+        return self._value
+
+    def _work(self) -> None:
+        while True:
+            self._due.wait()
+            self._due.clear()
+            try:
+                self._value = self._read()
+            except Exception as err:  # the table may be gone or busy: keep the last reading
+                log.warning("backend counters not read", error=f"{type(err).__name__}: {err}")
+            self._read_at = time.monotonic()
 
 
 class _BackendCounters(Collector):
-    def __init__(self, read: Callable[[], dict[tuple[str, str], tuple[int, int]]]) -> None:
+    def __init__(self, read: Callable[[], Counters]) -> None:
         self._read = read
 
     def collect(self) -> Iterable[Any]:

@@ -1,26 +1,26 @@
-"""libnftables at the edge: one JSON transaction per call, and reading the agent's own
-table back. Nothing here ever names another table."""
+"""libnftables at the edge, write-only: a plan's phases, one transaction each. The
+agent reads its table over its own netlink (agent/kernel.py), never through a
+libnftables listing. Nothing here ever names another table."""
 from __future__ import annotations
 
 import hashlib
 import json
 import re
-from typing import Any, Callable, Protocol, Sequence
+import subprocess
+from typing import Any, Protocol, Sequence
 
 from agent.errors import ApplyError
 from agent.memory import no_fastbins
 from agent.plan import DECLARE, PREPARE, Plan
-from agent.ruleset import ElemKey, Ruleset, from_listing, key_json
 
 
 class Libnftables(Protocol):
-    """What the agent needs from libnftables; tests may stand in a failing one."""
+    """What the agent needs from libnftables; tests stand in a fake that holds tables
+    (tests/fakenft.py)."""
 
     def json_cmd(self, doc: dict[str, Any]) -> tuple[int, Any, str]: ...
     def cmd(self, text: str) -> tuple[int, Any, str]: ...
-
-
-_socket: Any = None
+    def dry_run(self, doc: dict[str, Any]) -> int: ...
 
 
 class _Context:
@@ -43,18 +43,13 @@ class _Context:
     def cmd(self, text: str) -> tuple[int, Any, str]:
         return self._ctx.cmd(text)  # type: ignore[no-any-return]
 
-
-def _kernel_generation() -> int:
-    """NFT_MSG_GETGEN over one netlink socket (pyroute2): one round trip, no listing."""
-    global _socket
-    from pyroute2.netlink.nfnetlink.nftsocket import NFT_MSG_GETGEN, NFTSocket, nft_gen_msg
-
-    if _socket is None:
-        _socket = NFTSocket()
-    msg = nft_gen_msg()
-    msg["nfgen_family"] = 0
-    (answer,) = _socket.request_get(msg, NFT_MSG_GETGEN)
-    return int(answer.get_attr("NFTA_GEN_ID"))
+    def dry_run(self, doc: dict[str, Any]) -> int:
+        """rc of the document checked by libnftables and the kernel, applied nowhere."""
+        self._ctx.set_dry_run(True)
+        try:
+            return self.json_cmd(doc)[0]
+        finally:
+            self._ctx.set_dry_run(False)
 
 
 # What text_declaration() may write: names and types the agent itself generates.
@@ -88,38 +83,14 @@ def digest(commands: Sequence[dict[str, Any]]) -> str:
 
 
 class Nft:
-    """The agent's table through one libnftables context (bound to the network namespace
-    it is first used in: create it inside the gateway's namespace)."""
+    """Writes to the agent's table through one libnftables context (bound to the network
+    namespace it is first used in: create it inside the gateway's namespace)."""
 
     def __init__(self, family: str, table: str, backend: Libnftables | None = None) -> None:
-        reader = backend
-        if backend is None:
-            backend, reader = _Context(), _Context()
-            self._genid: Callable[[], int] = _kernel_generation
-            _kernel_generation()  # pyroute2's import and socket now, not in the first sync
-        else:
-            self._genid = getattr(backend, "generation", lambda: self.transactions)
         self.family = family
         self.table = table
-        self._nft = backend
-        # Listings go through a context of their own: a context that once listed the
-        # table caches every element and refetches them all after the next commit
-        # (measured: ~90 ms at 10,000 identities), which a transaction must not pay.
-        self._reader = reader
-        self.transactions = 0  # batches sent that changed something (for tests and metrics)
-
-    def sibling(self, table: str) -> Nft:
-        """The same context on another table of the family (only for --take-over-legacy)."""
-        other = Nft.__new__(Nft)
-        other.__dict__.update(self.__dict__)
-        other.table = table
-        return other
-
-    def generation(self) -> int:
-        """The kernel's ruleset generation: it moves with every committed transaction, of
-        any table, and not with packets filling dynamic sets (a stand-in's own count, or
-        our transactions if it keeps none)."""
-        return self._genid()
+        self._nft = backend if backend is not None else _Context()
+        self.transactions = 0  # transactions committed (for tests and metrics)
 
     def apply(self, plan: Plan) -> None:
         """Send a plan, one transaction per phase, in order; raise ApplyError on failure
@@ -136,6 +107,22 @@ class Nft:
                 raise
             committed |= phase.kind == PREPARE
 
+    def version(self) -> str:
+        """nftables' version, as `nft --version` says (for the record only: what the agent
+        does depends on probed capabilities, agent/caps.py). Not from a libnftables listing:
+        even a list of tables is unsafe on 1.0.6, which prints another process's `flags
+        owner` table as broken JSON and then corrupts its heap (seen here)."""
+        try:
+            done = subprocess.run(["nft", "--version"], capture_output=True, text=True, timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            return "unknown"
+        words = done.stdout.split()
+        return words[1].lstrip("v") if done.returncode == 0 and len(words) > 1 else "unknown"
+
+    def accepts(self, commands: list[dict[str, Any]]) -> bool:
+        """Whether libnftables and the kernel take these commands (a dry run)."""
+        return self._nft.dry_run({"nftables": commands}) == 0
+
     def _json(self, commands: list[dict[str, Any]]) -> None:
         if not commands:
             return
@@ -149,46 +136,3 @@ class Nft:
         if rc != 0:
             raise ApplyError(rc, str(err), hashlib.sha256(text.encode()).hexdigest()[:12], count)
         self.transactions += 1
-
-    def read(self) -> Ruleset | None:
-        """The table as the kernel holds it, or None if it does not exist."""
-        doc = self.listing()
-        return None if doc is None else from_listing(doc)
-
-    def listing(self) -> dict[str, Any] | None:
-        """The table's JSON listing (elements with their counters), None if there is none."""
-        rc, out, err = self._reader.json_cmd({"nftables": [{"list": {"table": {"family": self.family, "name": self.table}}}]})
-        if rc != 0:
-            if "No such file or directory" in str(err):
-                return None
-            raise ApplyError(rc, str(err), "list-table", 1)
-        return out if isinstance(out, dict) else json.loads(out)
-
-    def set_elements(self, name: str) -> list[ElemKey]:
-        """Keys of a (dynamic) set's elements."""
-        rc, out, err = self._reader.json_cmd({"nftables": [{"list": {"set": {"family": self.family, "table": self.table, "name": name}}}]})
-        if rc != 0:
-            return []
-        doc = out if isinstance(out, dict) else json.loads(out)
-        keys: list[ElemKey] = []
-        for item in doc.get("nftables", []):
-            for raw in item.get("set", {}).get("elem", []):
-                if isinstance(raw, dict) and "elem" in raw:
-                    raw = raw["elem"]["val"]
-                keys.append(tuple(raw["concat"]) if isinstance(raw, dict) and "concat" in raw else (raw,))
-        return keys
-
-    def delete_elements(self, name: str, keys: Sequence[ElemKey]) -> int:
-        """Best-effort delete of set elements that may expire meanwhile; returns how many went."""
-        if not keys:
-            return 0
-        ref = {"family": self.family, "table": self.table, "name": name}
-        rc, _, _ = self._nft.json_cmd({"nftables": [{"delete": {"element": {**ref, "elem": [key_json(k) for k in keys]}}}]})
-        if rc == 0:
-            return len(keys)
-        # One of them expired in between (ENOENT fails the whole batch): go one by one.
-        done = 0
-        for k in keys:
-            rc, _, _ = self._nft.json_cmd({"nftables": [{"delete": {"element": {**ref, "elem": [key_json(k)]}}}]})
-            done += rc == 0
-        return done

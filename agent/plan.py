@@ -63,16 +63,32 @@ def plan(current: Ruleset | None, desired: Ruleset, family: str, table: str, tex
     An unchanged ruleset yields no command at all. A changed declaration (a set's type or
     size, the base chain's priority: an upgrade or a settings change) cannot be altered in
     place: see _redeclare(). `text_maps`: this libnftables cannot declare maps with
-    concatenated data in JSON (nft 1.0.6), so they go first, in nft text.
+    concatenated data in JSON (nft 1.0.6; agent/caps.py finds out), so they go first, in
+    nft text; else everything is one JSON transaction.
     """
     commands = _commands(current, desired, family, table)
-    return phased(commands, family, table) if text_maps else one_transaction(commands)
+    if text_maps:
+        return phased(commands, family, table)
+    # In the order the text path sends them (its phases, one after the other), so the
+    # kernel holds and lists the table alike however the maps were declared.
+    ordered = [c for phase in phased(commands, family, table).phases for c in phase.commands]
+    add_table = {"add": {"table": {"family": family, "name": table}}}
+    ordered = [c for i, c in enumerate(ordered) if c != add_table or add_table not in ordered[:i]]
+    return one_transaction([_json_form(c) if needs_text(c) else c for c in ordered])
 
 
 def needs_text(command: Command) -> bool:
     """A map declaration nft 1.0.6's JSON parser cannot take (concatenated data)."""
     body = command.get("add", {}).get("map")
     return isinstance(body, dict) and concat_data(body)
+
+
+def _json_form(command: Command) -> Command:
+    """A concatenated-data map's declaration as a JSON parser that takes one (nft >=
+    1.1.0) wants it: the data types as a list."""
+    body = dict(command["add"]["map"])
+    body["map"] = str(body["map"]).split(" . ")
+    return {"add": {"map": body}}
 
 
 def phased(commands: Sequence[Command], family: str, table: str) -> Plan:

@@ -5,27 +5,40 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Protocol
 
 import structlog
 
 from agent import conntrack
+from agent.caps import UNPROBED, Capabilities
 from agent.desired import Catalog, DesiredState, ListCatalog, ObjectKey
 from agent.errors import ApplyError
+from agent.kernel import Damage
 from agent.layout import affinity_set, identity_key
 from agent.leftovers import Leftovers, leftovers
 from agent.legacy import LEGACY_TABLE, takeover_commands
 from agent.memory import gc_paused
 from agent.model import Backend, Identity
 from agent.nft import Nft
-from agent.plan import Plan, plan, retire, stale_chains
+from agent.plan import Plan, one_transaction, plan, retire, stale_chains
 from agent.render import Change, Renderer
 from agent.report import Reporter
-from agent.ruleset import ElemKey, Ruleset, patched
+from agent.ruleset import ElemKey, Ruleset, key_json, patched
 from agent.settings import Settings
 
 log = structlog.get_logger()
 FlowCleaner = Callable[[Identity, "Backend | None"], int]
+
+
+class View(Protocol):
+    """The agent's table as the kernel holds it (agent/kernel.py's KernelView; in unit
+    tests, the fake's)."""
+
+    def read(self) -> Ruleset | None: ...
+    def read_other(self, table: str) -> Ruleset | None: ...
+    def damage(self) -> Damage: ...
+    def reread(self, damage: Damage, mirror: Ruleset) -> Ruleset: ...
+    def entries(self, name: str) -> list[ElemKey]: ...
 
 
 @dataclass(frozen=True)
@@ -46,10 +59,12 @@ class Reconciler:
     they touch (kube-proxy's partial sync); the first sync, one after a failure, a relist
     or a periodic resync is a full one."""
 
-    def __init__(self, settings: Settings, nft: Nft, flows: FlowCleaner | None = None,
-                 reporter: Reporter | None = None) -> None:
+    def __init__(self, settings: Settings, nft: Nft, view: View, flows: FlowCleaner | None = None,
+                 reporter: Reporter | None = None, caps: Capabilities = UNPROBED) -> None:
         self.settings = settings
         self.nft = nft
+        self.view = view
+        self.caps = caps
         self.flows = flows or (conntrack.delete_flows if settings.conntrack else (lambda i, b: 0))
         self.reporter = reporter or Reporter()
         self.state = DesiredState(settings.gateway, settings.max_backends, settings.max_identities)
@@ -58,8 +73,7 @@ class Reconciler:
         self._full = True  # read the kernel back before the next plan
         self._retiring: dict[str, float] = {}  # emptied chain -> when
         self._stale_affinity: dict[int, set[ElemKey]] = {}  # slot -> identities whose entries there are stale
-        self._generation = -1  # kernel ruleset generation matching the mirror (-1: unknown)
-        self._last_readback = float("-inf")
+        self._legacy: Ruleset | None = None  # the legacy table as last read (--take-over-legacy)
 
     def request_full_sync(self) -> None:
         self._full = True
@@ -77,7 +91,9 @@ class Reconciler:
 
     def _sync(self, catalog: Catalog, changed: Iterable[ObjectKey] | None) -> SyncResult:
         if self._full:
-            self.mirror = self.nft.read()
+            self.mirror = self.view.read()
+            if self.settings.take_over_legacy:
+                self._legacy = self.view.read_other(LEGACY_TABLE)
         if changed is None or self._full or self.mirror is None:
             self.state.rebuild(catalog)
             change = self.renderer.full(self.state.services, self.mirror)
@@ -85,7 +101,7 @@ class Reconciler:
             change = self.renderer.partial(self.state.services, self.state.update(catalog, changed), self.mirror)
         self._full = False
         self.reporter.report(self.state.errors, self.state.notes)
-        todo = plan(self.mirror if change.full else change.before, change.wanted, self.nft.family, self.nft.table)
+        todo = self._plan(self.mirror if change.full else change.before, change.wanted)
         todo = todo.then(self._legacy_takeover())
         try:
             self._apply(todo)
@@ -121,47 +137,56 @@ class Reconciler:
         else:
             self.mirror = patched(self.mirror, change.before, change.wanted)
 
+    def _plan(self, current: Ruleset | None, wanted: Ruleset) -> Plan:
+        return plan(current, wanted, self.nft.family, self.nft.table, text_maps=not self.caps.json_concat_maps)
+
     def _legacy_takeover(self) -> list[dict[str, Any]]:
         if not self.settings.take_over_legacy:
             return []
-        legacy = self.nft.sibling(LEGACY_TABLE).read()
-        return takeover_commands(legacy, (identity_key(i) for i in self.state.services), self.nft.family)
+        return takeover_commands(self._legacy, (identity_key(i) for i in self.state.services), self.nft.family)
 
     def _apply(self, todo: Plan) -> None:
-        if not todo:
-            return
-        before, sent = self.nft.generation(), self.nft.transactions
-        self.nft.apply(todo)
-        # Exactly as many generations later as transactions we sent (two when new backend
-        # maps were declared first): no one else's came in between, so the drift check
-        # may trust it; anything else makes the next check read back.
-        ours = before + self.nft.transactions - sent
-        self._generation = ours if self.nft.generation() == ours else -1
+        if todo:
+            self.nft.apply(todo)
 
     def check_drift(self) -> bool:
-        """Cheap unless something changed: the kernel's ruleset generation moves with every
-        committed transaction (dynamic set updates from packets do not move it). Only when
-        it moved past our own last transaction is the table read back and compared.
-        Returns True (and asks for a full sync) when the kernel differs from the mirror."""
-        generation = self.nft.generation()
-        if generation == self._generation or self.mirror is None:
+        """Repair what others changed in the agent's table since the last look, as the
+        kernel's notifications tell it (agent/kernel.py): the damaged objects are read
+        again and the difference to the mirror sent at once, in one transaction. Returns
+        True when that is not enough and a full sync (a read-back of everything) is due:
+        lost notifications, the table deleted, a repair refused; or legacy objects of an
+        identity the agent serves reappeared (with --take-over-legacy)."""
+        damage = self.view.damage()
+        if not damage or self.mirror is None:
             return False
-        now = time.monotonic()
-        if now - self._last_readback < self.settings.drift_readback_gap:
-            return False  # a busy neighbour must not keep us listing: check again shortly
-        self._last_readback = now
-        kernel = self.nft.read()
-        drift = plan(kernel, self.mirror, self.nft.family, self.nft.table)
-        if not drift:
-            self._generation = generation  # someone else's table changed, not ours
+        if damage.others and self.settings.take_over_legacy:
+            self._legacy = self.view.read_other(LEGACY_TABLE)
             if self._legacy_takeover():
                 log.info("legacy objects reappeared for identities the agent serves; taking over")
-                return True  # the next sync removes them
+                self._full = True
+                return True
+        if not damage.ours():
             return False
-        log.warning("drift: the kernel differs from what the agent programmed; repairing",
-                    commands=len(drift), generation=generation)
-        self.request_full_sync()
-        return True
+        if damage.everything:
+            log.warning("drift: the kernel's table changed beyond what its notifications say; reading it back")
+            self._full = True
+            return True
+        current = self.view.reread(damage, self.mirror)
+        repair = self._plan(current, self.mirror)
+        if not repair:
+            return False
+        log.warning("drift: the kernel differs from what the agent programmed; repairing", commands=len(repair),
+                    chains=sorted(damage.chains), sets=sorted(damage.sets), maps=sorted(damage.elements))
+        try:
+            self._apply(repair)
+        except ApplyError as err:
+            log.warning("drift repair refused; reading everything back", error=err.message)
+            self._full = True
+            return True
+        now = time.monotonic()
+        for name in stale_chains(current, self.mirror):
+            self._retiring.setdefault(name, now)
+        return False
 
     def retire_chains(self) -> None:
         """Delete chains emptied at least retire_delay ago that are still unused."""
@@ -194,15 +219,41 @@ class Reconciler:
 
     def clean_affinity(self) -> int:
         """Delete the affinity entries that no longer point at their backend (noted by a
-        sync). Off the sync's path: it lists whole sets (~90 ms at 10,000 identities), and
+        sync). Off the sync's path: it reads whole sets (~40 ms for 10,000 entries), and
         no such entry can appear after the transaction that unlinked it, so later is as
-        good. Returns how many went."""
+        good. One transaction per set; if an entry expired meanwhile (which fails the
+        whole delete), what remains is read again and deleted in one more. Returns how
+        many went."""
         deleted = 0
         stale, self._stale_affinity = self._stale_affinity, {}
         for slot, identities in sorted(stale.items()):
             name = affinity_set(slot)
-            keys = [k for k in self.nft.set_elements(name) if tuple(k[1:]) in identities]
-            deleted += self.nft.delete_elements(name, keys)
+            for attempt in (1, 2):
+                keys = [k for k in self.view.entries(name) if tuple(k[1:]) in identities]
+                if not keys:
+                    break
+                ref = {"family": self.nft.family, "table": self.nft.table, "name": name}
+                try:
+                    self._apply(one_transaction([{"delete": {"element": {**ref, "elem": [key_json(k) for k in keys]}}}]))
+                except ApplyError as err:
+                    log.info("affinity delete refused (an entry expired meanwhile?); reading the set again",
+                             set=name, entries=len(keys), error=err.message, attempt=attempt)
+                    continue
+                deleted += len(keys)
+                break
         if deleted:
             log.info("affinity entries of removed backends deleted", entries=deleted)
         return deleted
+
+
+def connected(settings: Settings, reporter: Reporter | None = None) -> Reconciler:
+    """A reconciler on this network namespace's kernel: libnftables to write, its own
+    netlink to read and follow changes, the capabilities probed (and logged)."""
+    from agent.caps import probe
+    from agent.kernel import KernelView
+
+    view = KernelView("ip", settings.table, also=(LEGACY_TABLE,) if settings.take_over_legacy else ())
+    nft = Nft("ip", settings.table)
+    caps = probe(nft, view, "ip", settings.table)
+    log.info("capabilities", **caps.as_dict())
+    return Reconciler(settings, nft, view, reporter=reporter, caps=caps)

@@ -54,6 +54,10 @@ class Settings:
     livez_wedged_after: float = 30.0
     """/livez fails when the loop has not turned for this many seconds."""
 
+    state_dir: Path = Path("/run/natgw-agent")
+    """Where the agent keeps its status socket (agent.sock): `natgw-agent health` and `show`
+    ask it there; nothing about the agent's state is served on the network."""
+
     table: str = "natgw"
     """The one nftables table (family ip) the agent owns. It never touches any other."""
 
@@ -66,14 +70,6 @@ class Settings:
 
     resync_interval: float = 3600.0
     """Seconds between full resyncs (kernel read back, plan against it), as kube-proxy does."""
-
-    drift_interval: float = 1.0
-    """Seconds between drift checks: one netlink round trip reading the ruleset generation;
-    the table is read back only when the generation moved without the agent."""
-
-    drift_readback_gap: float = 2.0
-    """Least seconds between two drift read-backs (a read-back of 10,000 identities takes
-    ~1.2 s of CPU): transactions of other tables cannot keep the agent listing its own."""
 
     retry_min: float = 0.5
     """First retry delay after a failed apply, in seconds; doubles on each failure."""

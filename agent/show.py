@@ -5,20 +5,20 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agent.layout import affinity_sets, counters_of, goto_target, parse_target, pinned_clients, served, slots_of
+from agent.kernel import KernelView
+from agent.layout import backend_counters, goto_target, parse_target, pinned_clients, served, slots_of
 from agent.model import Backend
-from agent.nft import Nft
-from agent.ruleset import from_listing
 
 
-def inspect(nft: Nft, only: str | None = None) -> list[dict[str, Any]] | None:
+def inspect(view: KernelView, only: str | None = None) -> list[dict[str, Any]] | None:
     """Every identity the kernel serves (or the one named `only`, as EIP:PORT/PROTO), with
-    its backends, their slots, counters and pinned clients; None if there is no table."""
-    listing = nft.listing()
-    if listing is None:
+    its backends, their slots, counters and pinned clients; None if there is no table.
+    One read of the table over netlink (elements, counters and affinity entries)."""
+    ruleset = view.read()
+    if ruleset is None or view.state is None:
         return None
-    ruleset, counters = from_listing(listing), counters_of(listing)
-    pinned = pinned_clients({name: nft.set_elements(name) for name in affinity_sets(ruleset)})
+    counters = backend_counters(view.state.elements, view.state.counters)
+    pinned = pinned_clients({name: [key for key, _ in entries] for name, entries in view.state.entries.items()})
     slots = slots_of(ruleset)
     found = []
     for identity, elem in served(ruleset):
@@ -44,11 +44,13 @@ def inspect(nft: Nft, only: str | None = None) -> list[dict[str, Any]] | None:
     return found
 
 
-def format_show(found: list[dict[str, Any]] | None, as_json: bool = False) -> str:
+def format_show(found: list[dict[str, Any]] | None, as_json: bool = False, agent: dict[str, Any] | None = None) -> str:
+    """`agent`: the running agent's status (its capabilities and problems), if one answered."""
     if as_json:
-        return json.dumps(found, indent=2) + "\n"
+        return json.dumps({"identities": found, "agent": agent}, indent=2) + "\n"
+    head = _agent_lines(agent)
     if found is None:
-        return "no natgw table: the agent has programmed nothing in this namespace\n"
+        return head + "no natgw table: the agent has programmed nothing in this namespace\n"
     blocks: list[str] = []
     for ident in found:
         if ident["affinity"] is None:
@@ -66,4 +68,15 @@ def format_show(found: list[dict[str, Any]] | None, as_json: bool = False) -> st
             pins = "" if b["pinned_clients"] is None else f"  pinned clients {b['pinned_clients']}"
             lines.append(f"  -> {b['backend']}  slot {b['slot']}  new connections {b['packets']} ({share}){pins}")
         blocks.append("\n".join(lines))
-    return "\n\n".join(blocks) + "\n" if blocks else "no identities programmed\n"
+    return head + ("\n\n".join(blocks) + "\n" if blocks else "no identities programmed\n")
+
+
+def _agent_lines(agent: dict[str, Any] | None) -> str:
+    if agent is None:
+        return "agent: not answering (not running here, or another --state-dir)\n\n"
+    caps = agent.get("capabilities", {})
+    lines = [f"agent: {'ready' if agent.get('ready') else 'NOT READY'}; nftables {caps.get('nft_version', '?')}"
+             f" (JSON declares concatenated maps: {'yes' if caps.get('json_concat_maps') else 'no'},"
+             f" destroy: {'yes' if caps.get('destroy') else 'no'}), kernel {caps.get('kernel', '?')}"]
+    lines += [f"  problem: {p}" for p in agent.get("problems", [])]
+    return "\n".join(lines) + "\n\n"

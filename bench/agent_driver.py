@@ -20,8 +20,9 @@ from typing import Any, Callable
 import structlog
 
 from agent.dirsource import DirectorySource
+from agent.kernel import KernelView
 from agent.nft import Nft
-from agent.reconcile import Reconciler
+from agent.reconcile import Reconciler, connected
 from agent.settings import Settings
 from bench import identities as ids_mod
 
@@ -45,11 +46,11 @@ def _quiet() -> None:
 
 class _Clock:
     """Time spent in libnftables calls (json_cmd and cmd of every context the agent's Nft
-    holds: the one for transactions and, if separate, the one for listings), to split a sync into
+    holds for transactions; the agent reads over its own netlink), to split a sync into
     the kernel-facing part and the rest. If the agent's internals change so that no
     context can be found, nothing is wrapped and None is reported."""
 
-    CONTEXTS = ("_nft", "_reader")
+    CONTEXTS = ("_nft",)
 
     def __init__(self, nft: Nft) -> None:
         self.seconds: float | None = None
@@ -88,9 +89,9 @@ class _Wrapped:
         return getattr(self._lib, name)
 
 
-def _kernel_view(nft: Nft, index: dict[tuple[str, str, int], int]) -> dict[str, object]:
+def _kernel_view(kernel: KernelView, index: dict[tuple[str, str, int], int]) -> dict[str, object]:
     """Identities in the services map and backends per identity, read back from the kernel."""
-    rs = nft.read()
+    rs = kernel.read()
     if rs is None:
         return {"identities": 0, "backends": 0, "by_identity": {}}
     services = rs.elements.get("services", {})
@@ -120,7 +121,7 @@ def _change(args: argparse.Namespace, src: DirectorySource, r: Reconciler, clock
     res = do_sync()
     seconds = time.perf_counter() - t0
     lib_s = clock.take()
-    view = _kernel_view(r.nft, index)
+    view = _kernel_view(r.view, index)
     clock.take()
     return {
         "s": seconds, "lib_s": lib_s, "poll_s": poll_s, "polls": polls,
@@ -152,9 +153,8 @@ def main() -> int:
     out["parse_s"] = time.perf_counter() - t0
     out["objects"] = len(src.objects())
 
-    nft = Nft("ip", "natgw")
-    clock = _Clock(nft)
-    r = Reconciler(Settings(gateway="gw1", conntrack=False), nft)
+    r = connected(Settings(gateway="gw1", conntrack=False))
+    clock = _Clock(r.nft)
     modules_before = set(sys.modules)
     t0 = time.perf_counter()
     res = r.sync(src.objects())
@@ -163,7 +163,7 @@ def main() -> int:
     out["sync"] = {"commands": res.commands, "identities": res.identities, "backends": res.backends, "invalid": res.invalid}
     out["rss_after_sync_kib"] = _peak_rss_kib()
     out["imported_during_sync"] = sorted({m.split(".")[0] for m in set(sys.modules) - modules_before})
-    view = _kernel_view(r.nft, index)
+    view = _kernel_view(r.view, index)
     clock.take()
     out["kernel"] = {"identities": view["identities"], "backends": view["backends"]}
     if args.sync_only:

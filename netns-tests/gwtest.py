@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from agent.layout import SERVICES
+from agent.layout import SERVICES, affinity_set, backend_map, pattern_chain, slot_chain, sticky_chain
 from agent.settings import Settings
 from lab.topology import Lab
 
@@ -42,11 +42,12 @@ class Agent:
         self.rules_dir = rules_dir
         self.log_path = log_path
         self.source_args = source_args or ["--from-dir", str(rules_dir)]
+        self.state_dir = log_path.parent / f"{log_path.stem}.state"  # its status socket: one per agent
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         argv = [sys.executable, "-m", "agent.cli", "--log-format", "json", "run", "--gateway", GATEWAY,
-                *self.source_args]
+                "--state-dir", str(self.state_dir), *self.source_args]
         self._log = open(self.log_path, "ab")
         self.proc = self.lab.popen_in(self.lab.gw_ns, argv, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT)
 
@@ -136,6 +137,22 @@ def chi_square(counts: list[int]) -> float:
 CHI2_CRITICAL_DF2 = 23.03
 
 
+# Damage someone else may do to the agent's table, as nft commands.
+T = ["ip", TABLE]
+DRIFTS = {
+    "table deleted": [["delete", "table", *T]],
+    "chain flushed": [["flush", "chain", *T, slot_chain(0)]],
+    "map element deleted": [["delete", "element", *T, backend_map(1), f"{{ {EIP} . tcp . 80 }}"]],
+    "backend map deleted": [["flush", "chain", *T, slot_chain(1)], ["delete", "map", *T, backend_map(1)]],
+    "backend map redeclared": [  # only nft text declares it: emptied of users, deleted, declared anew
+        ["flush", "chain", *T, slot_chain(1)], ["delete", "map", *T, backend_map(1)],
+        ["add", "map", *T, backend_map(1), "{ type ipv4_addr . inet_proto . inet_service : ipv4_addr . inet_service; }"]],
+    "affinity set deleted": [["flush", "chain", *T, pattern_chain((0, 1, 2), 600)],
+                             ["flush", "chain", *T, sticky_chain(0, 600)],
+                             ["delete", "set", *T, affinity_set(0)]],
+}
+
+
 WEB = [rule_doc(f"web-{n}", 80, ip) for n, ip in BACKENDS.items()]
 DNS = [rule_doc(f"dns-{n}", 53, ip, 5353, proto="UDP") for n, ip in BACKENDS.items()]
 APP = [rule_doc(f"app-{n}", 443, ip, 9090, affinity="ClientIP", timeout=600) for n, ip in BACKENDS.items()]
@@ -164,3 +181,50 @@ def probe(lab: Lab, path: str) -> tuple[int, str]:
     """A health endpoint's status code and JSON status word."""
     status, body = http_get(lab, path)
     return status, json.loads(body)["status"]
+
+
+def kernel_table(lab: Lab, entries: bool = False) -> dict[str, Any] | None:
+    """The agent's table read over the agent's own netlink view, in the gateway namespace
+    (a libnftables listing, `nft list ...` included, never returns while another table
+    commits every 100 ms: REFERENCE section 7). `static`: everything but the affinity
+    entries, canonical; `entries`: set -> sorted keys."""
+    code = ("import json, sys\nfrom agent.kernel import KernelView\n"
+            "v = KernelView('ip', sys.argv[1], subscribe=False)\nrs = v.read()\n"
+            "print(json.dumps(None if rs is None else {\n"
+            " 'identities': len(rs.elements.get('services', {})),\n"
+            " 'static': repr((sorted(rs.sets.items()), sorted(rs.chains.items()), sorted(rs.rules.items()),\n"
+            "                 sorted((n, sorted(e.items())) for n, e in rs.elements.items()))),\n"
+            " 'entries': {n: sorted(repr(k) for k, _ in e) for n, e in v.state.entries.items()}}))\n")
+    out = lab.run_in(lab.gw_ns, [sys.executable, "-c", code, TABLE], capture_output=True, text=True, cwd=ROOT,
+                     timeout=60, check=True).stdout
+    return json.loads(out)
+
+
+def agent_status(agent: Agent, what: str = "status") -> dict[str, Any] | None:
+    """What the running agent says on its status socket (None: nobody answers)."""
+    code = ("import json, sys\nfrom pathlib import Path\nfrom agent.status import query\n"
+            "try:\n print(json.dumps(query(Path(sys.argv[1]), sys.argv[2])))\nexcept OSError:\n print('null')\n")
+    out = agent.lab.run_in(agent.lab.gw_ns, [sys.executable, "-c", code, str(agent.state_dir / "agent.sock"), what],
+                           capture_output=True, text=True, cwd=ROOT, timeout=10, check=True).stdout
+    return json.loads(out)
+
+
+class Neighbour:
+    """lab.neighbour in the gateway namespace: another table committing every `interval`
+    seconds for as long as the context lasts."""
+
+    def __init__(self, lab: Lab, interval: float = 0.1) -> None:
+        self.lab = lab
+        self.interval = interval
+        self.result: dict[str, Any] = {}
+
+    def __enter__(self) -> Neighbour:
+        self.proc = self.lab.popen_in(self.lab.gw_ns, [sys.executable, "-m", "lab.neighbour", "--interval",
+                                                       str(self.interval)], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == "ready"
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        out, _ = self.proc.communicate(timeout=10)  # closes stdin: it ends
+        self.result = json.loads(out.strip().splitlines()[-1])

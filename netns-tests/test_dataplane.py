@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import signal
 import time
 
@@ -115,7 +117,9 @@ def test_kernel_listing_of_examples_matches_golden(lab, agent):
 
 def test_show_reads_the_kernel(lab, agent):
     program(agent, *WEB, *APP, identities=2)
-    out = lab.run_in(lab.gw_ns, [*agent_cmd(), "show"], capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    out = lab.run_in(lab.gw_ns, [*agent_cmd(), "show", "--state-dir", str(agent.state_dir)], capture_output=True,
+                     text=True, cwd=ROOT, check=True).stdout
+    assert out.startswith("agent: ready; nftables ")  # the running agent's own word, from its status socket
     assert f"{EIP}:80/tcp  affinity none (random)" in out
     assert f"{EIP}:443/tcp  affinity ClientIP timeout 600s" in out
     assert "rules: app-b1,app-b2,app-b3" in out
@@ -126,8 +130,12 @@ def test_show_counts_connections_and_pinned_clients_as_json_and_filters(lab, age
     program(agent, *WEB, *APP, identities=2)
     sticky = lab.tcp_connect(EIP, 443, 20, sources=CLIENTS[:10])
     assert sticky["failed"] == 0
-    argv = [*agent_cmd(), "show", "--json", "--identity", f"{EIP}:443/tcp"]
-    (shown,) = json.loads(lab.run_in(lab.gw_ns, argv, capture_output=True, text=True, cwd=ROOT, check=True).stdout)
+    argv = [*agent_cmd(), "show", "--json", "--identity", f"{EIP}:443/tcp", "--state-dir", str(agent.state_dir)]
+    doc = json.loads(lab.run_in(lab.gw_ns, argv, capture_output=True, text=True, cwd=ROOT, check=True).stdout)
+    (shown,) = doc["identities"]
+    caps = doc["agent"]["capabilities"]  # what the agent probed at start
+    assert caps["nft_version"] == agent.nft("--version").split()[1].lstrip("v") and caps["kernel"]
+    assert caps["json_concat_maps"] is (caps["nft_version"] >= "1.1")
     assert shown["identity"] == f"{EIP}:443/tcp" and shown["affinity"] == "ClientIP" and shown["timeout"] == 600
     by_ip = {b["backend"].split(":")[0]: b for b in shown["backends"]}
     for name, ip in BACKENDS.items():
@@ -192,21 +200,34 @@ def test_render_touches_nothing(lab):
     assert lab.run_in(lab.gw_ns, ["nft", "list", "tables"], capture_output=True, text=True).stdout == ""
 
 
+OWNER = ("import nftables, sys\n"
+         "nft = nftables.Nftables()\n"
+         "assert nft.cmd('add table ip natgw { flags owner; }')[0] == 0\n"
+         "print('held', flush=True)\n"
+         "sys.stdin.read()\n")
+
+
 def test_refused_transaction_changes_nothing_is_logged_and_retried(lab, agent):
+    """The kernel refuses every transaction while another process owns a table of the
+    agent's name (`flags owner`: only its socket may change it, and the table goes with
+    that socket): refusals change nothing, are logged, and are retried until they land."""
     program(agent, *DNS, identities=1)
-    before = agent.nft("-s", "list", "table", "ip", "natgw")
-    # Someone else's element on the key the agent is about to add: the kernel refuses the
-    # agent's whole batch (File exists).
-    agent.nft("add", "element", "ip", "natgw", "services", f"{{ {EIP} . tcp . 80 : drop }}")
-    write_rules(agent.rules_dir, "rules.yaml", yaml_docs(eip_doc(), *WEB, *DNS[:2]))
+    assert agent.stop() == 0
+    agent.nft("delete", "table", "ip", "natgw")
+    holder = lab.popen_in(lab.gw_ns, [sys.executable, "-c", OWNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          text=True)
+    assert holder.stdout.readline().strip() == "held"
+    held = agent.nft("-s", "list", "table", "ip", "natgw")
+    agent.start()
     failed = wait_for(lambda: [e for e in agent.logs() if e.get("event", "").startswith("apply failed")],
                       what="the refused transaction to be logged")
-    assert failed[0]["rc"] != 0 and len(failed[0]["digest"]) == 12 and "File exists" in failed[0]["error"]
-    # The retry reads the kernel back, sees the foreign element and replaces it.
-    wait_for(lambda: agent.services().get((EIP, "tcp", 80)) == "lb_n3", 10, what="convergence after retry")
-    assert agent.services()[(EIP, "udp", 53)] == "lb_n2"
-    assert lab.tcp_connect(EIP, 80, 20)["failed"] == 0
-    assert before != agent.nft("-s", "list", "table", "ip", "natgw")
+    assert failed[0]["rc"] != 0 and len(failed[0]["digest"]) == 12 and "not permitted" in failed[0]["error"]
+    assert failed[0]["kernel_unchanged"] is True
+    assert agent.nft("-s", "list", "table", "ip", "natgw") == held  # nothing of it went in
+    holder.stdin.close()  # the owner goes, and its table with it
+    holder.wait(5)
+    wait_for(lambda: agent.services().get((EIP, "udp", 53)) == "lb_n3", 10, what="convergence after retry")
+    assert lab.udp_query(EIP, 53, 10)["failed"] == 0
 
 
 def test_affinity_timeout_slides_with_each_new_connection(lab, agent):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from gwtest import BACKENDS, EIP, WEB, http_get, program
+from gwtest import BACKENDS, EIP, WEB, http_get, program, wait_for
 
 
 def samples(text: str) -> dict[str, float]:
@@ -19,12 +19,22 @@ def samples(text: str) -> dict[str, float]:
 def test_metrics_after_traffic_show_the_spread_per_backend(lab, agent):
     program(agent, *WEB, identities=1)
     assert lab.tcp_connect(EIP, 80, 30)["failed"] == 0
-    status, text = http_get(lab, "/metrics")
-    assert status == 200
-    metrics = samples(text)
-    per_backend = {b: metrics.get(f'natgw_backend_packets_total{{backend="{ip}:8080",identity="{EIP}:80/tcp"}}', 0)
-                   for b, ip in BACKENDS.items()}
-    assert sum(per_backend.values()) == 30 and all(per_backend.values()), per_backend  # one per new connection
+
+    def scraped() -> tuple[dict[str, float], dict[str, float]]:
+        status, text = http_get(lab, "/metrics")
+        assert status == 200
+        metrics = samples(text)
+        return metrics, {b: metrics.get(f'natgw_backend_packets_total{{backend="{ip}:8080",identity="{EIP}:80/tcp"}}', 0)
+                         for b, ip in BACKENDS.items()}
+
+    # A scrape answers with the counters last read in the background, and asks for a new
+    # reading when that one is old: the next scrapes see the traffic.
+    def counted() -> tuple[dict[str, float], dict[str, float]] | None:
+        found = scraped()
+        return found if sum(found[1].values()) == 30 else None
+
+    metrics, per_backend = wait_for(counted, 5, 0.2, "the counters of the 30 connections")
+    assert all(per_backend.values()), per_backend  # one first packet per new connection, on every backend
     assert metrics["natgw_identities"] == 1 and metrics["natgw_backends"] == 3
     assert metrics['natgw_sync_duration_seconds_count{kind="full"}'] >= 1
     assert metrics["natgw_network_programming_duration_seconds_count"] >= 1

@@ -10,23 +10,7 @@ import time
 
 import pytest
 
-from agent.layout import affinity_set, backend_map, pattern_chain, slot_chain, sticky_chain
-from gwtest import APP, BACKENDS, CLIENTS, DNS, EIP, ROOT, TABLE, WEB, program, wait_for
-
-T = ["ip", TABLE]
-DRIFTS = {
-    "table deleted": [["delete", "table", *T]],
-    "chain flushed": [["flush", "chain", *T, slot_chain(0)]],
-    "map element deleted": [["delete", "element", *T, backend_map(1), f"{{ {EIP} . tcp . 80 }}"]],
-    "backend map deleted": [["flush", "chain", *T, slot_chain(1)], ["delete", "map", *T, backend_map(1)]],
-    "backend map redeclared": [  # only nft text declares it: emptied of users, deleted, declared anew
-        ["flush", "chain", *T, slot_chain(1)], ["delete", "map", *T, backend_map(1)],
-        ["add", "map", *T, backend_map(1), "{ type ipv4_addr . inet_proto . inet_service : ipv4_addr . inet_service; }"]],
-    "affinity set deleted": [["flush", "chain", *T, pattern_chain((0, 1, 2), 600)],
-                             ["flush", "chain", *T, sticky_chain(0, 600)],
-                             ["delete", "set", *T, affinity_set(0)]],
-}
-
+from gwtest import APP, BACKENDS, CLIENTS, DNS, DRIFTS, EIP, ROOT, WEB, program, wait_for
 
 @pytest.mark.parametrize("drift", list(DRIFTS))
 def test_drift_is_repaired_within_five_seconds(lab, agent, drift):

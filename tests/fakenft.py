@@ -74,10 +74,18 @@ _CHAIN_FIELDS = ("type", "hook", "prio", "policy")
 
 
 class FakeNft:
-    """Stands in for the agent's libnftables contexts (json_cmd, cmd), holding tables."""
+    """Stands in for the agent's libnftables context (json_cmd, cmd, dry_run), holding
+    tables. `version` "1.0.6" or "1.1.3" picks the JSON parser's known differences: a map
+    with concatenated data declared as a list (1.0.6 silently makes a plain set of it,
+    1.1.3 the map) and the `destroy` verb (1.1.3 only). Every committed command is noted
+    with who sent it, for the view's change notifications (view())."""
 
-    def __init__(self) -> None:
+    def __init__(self, version: str = "1.0.6") -> None:
+        self.version = version
         self.tables: dict[tuple[str, str], _Table] = {}
+        self.events: list[tuple[str, str, str, str, str | None]] = []  # (origin, family, table, kind, name)
+        self._origin = "agent"
+        self._noted: list[tuple[str, str, str, str, str | None]] = []
         self._generation = 0
         self.batches: list[list[dict[str, Any]]] = []  # committed JSON transactions
         self.texts: list[str] = []  # committed text transactions
@@ -94,6 +102,9 @@ class FakeNft:
 
     def json_cmd(self, doc: dict[str, Any]) -> tuple[int, Any, str]:
         commands = doc["nftables"]
+        if commands and all("list" in c for c in commands) and "tables" in commands[0]["list"]:
+            return 0, {"nftables": [self._metainfo(), *({"table": {"family": f, "name": n, "handle": t.handle}}
+                                                        for (f, n), t in self.tables.items())]}, ""
         if commands and all("list" in c for c in commands):
             self.listings += 1
             try:
@@ -107,6 +118,21 @@ class FakeNft:
             return 1, "", message
         return self._transaction(lambda tables: [self._command(tables, c) for c in commands],
                                  lambda: self.batches.append(copy.deepcopy(commands)))
+
+    def dry_run(self, doc: dict[str, Any]) -> int:
+        """What the transaction would answer, committing nothing."""
+        tables = copy.deepcopy(self.tables)
+        try:
+            for command in doc["nftables"]:
+                self._command(tables, command)
+        except Refused:
+            return 1
+        finally:
+            self._noted = []
+        return 0
+
+    def view(self, family: str = "ip", table: str = "natgw", also: tuple[str, ...] = ()) -> FakeView:
+        return FakeView(self, family, table, also)
 
     def cmd(self, text: str) -> tuple[int, Any, str]:
         lines = [line.strip() for line in text.splitlines() if line.strip()]
@@ -122,14 +148,18 @@ class FakeNft:
     def external(self, change: list[dict[str, Any]] | str) -> None:
         """Someone else's transaction, JSON commands or nft text (another process: the
         agent did not send it, and it is not recorded among the agent's)."""
-        if isinstance(change, str):
-            rc, _, err = self.cmd(change)
-            assert rc == 0, err
-            self.texts.pop()
-        else:
-            rc, _, err = self.json_cmd({"nftables": change})
-            assert rc == 0, err
-            self.batches.pop()
+        self._origin = "other"
+        try:
+            if isinstance(change, str):
+                rc, _, err = self.cmd(change)
+                assert rc == 0, err
+                self.texts.pop()
+            else:
+                rc, _, err = self.json_cmd({"nftables": change})
+                assert rc == 0, err
+                self.batches.pop()
+        finally:
+            self._origin = "agent"
 
     def pin(self, table: str, set_name: str, key: ElemKey, timeout: int = 600) -> None:
         """A packet's `update` filling a dynamic set: no transaction, no generation."""
@@ -163,6 +193,7 @@ class FakeNft:
             self.refusals.append(message)
             return 1, "", message
         tables = copy.deepcopy(self.tables)
+        self._noted: list[tuple[str, str, str, str, str | None]] = []
         try:
             body(tables)
         except Refused as err:
@@ -170,13 +201,31 @@ class FakeNft:
             return 1, "", str(err)
         self.tables = tables
         self._generation += 1
+        self.events.extend(self._noted)
         record()
         return 0, "", ""
+
+    def _note(self, family: str, table: str, kind: str, name: str | None = None) -> None:
+        self._noted.append((self._origin, family, table, kind, name))
 
     def _command(self, tables: dict[tuple[str, str], _Table], command: dict[str, Any]) -> None:
         (verb, what), = command.items()
         (kind, body), = what.items()
-        getattr(self, f"_{verb}_{kind if kind != 'map' else 'set'}")(tables, body)
+        kind = "set" if kind == "map" else kind
+        if verb == "destroy":
+            if self.version < "1.0.8":
+                raise Refused("Error: Unknown object passed to add command.")  # 1.0.6's parser
+            try:
+                getattr(self, f"_delete_{kind}")(tables, body)
+            except Refused as err:
+                if str(err) != ENOENT:
+                    raise
+            return
+        getattr(self, f"_{verb}_{kind}")(tables, body)
+        table = body.get("table", body.get("name")) if kind != "table" else body["name"]
+        name = {"table": None, "chain": body.get("name"), "rule": body.get("chain"), "set": body.get("name"),
+                "element": body.get("name")}[kind]
+        self._note(body["family"], table, kind, name)
 
     @staticmethod
     def _table(tables: dict[tuple[str, str], _Table], body: dict[str, Any], key: str = "table") -> _Table:
@@ -234,9 +283,15 @@ class FakeNft:
 
     def _add_set(self, tables: dict[tuple[str, str], _Table], body: dict[str, Any]) -> None:
         table = self._table(tables, body)
-        if isinstance(body.get("map"), list) or " . " in str(body.get("map", "")):
-            raise Refused("Error: Invalid map type")  # nft 1.0.6's JSON parser takes neither form
-        if "dynamic" in body.get("flags", []):
+        if " . " in str(body.get("map", "")):
+            raise Refused("Error: Invalid map type")  # the form 1.0.6 lists; no version's JSON takes it
+        if isinstance(body.get("map"), list):
+            body = dict(body)
+            if self.version < "1.1.0":
+                del body["map"]  # 1.0.6 silently makes a plain set of it (measured)
+            else:
+                body["map"] = " . ".join(body["map"])  # a map; the canonical form, as the view gives it
+        if "dynamic" in body.get("flags", []) and self.version < "1.0.9":
             raise Refused("Error: Invalid set flag")  # nft 1.0.6's JSON parser
         decl = {k: copy.deepcopy(body[k]) for k in _SET_FIELDS if k in body}
         existing = table.sets.get(body["name"])
@@ -304,9 +359,8 @@ class FakeNft:
 
     # -- listings --------------------------------------------------------------------
 
-    @staticmethod
-    def _metainfo() -> dict[str, Any]:
-        return {"metainfo": {"version": "1.0.6", "release_name": "fake", "json_schema_version": 1}}
+    def _metainfo(self) -> dict[str, Any]:
+        return {"metainfo": {"version": self.version, "release_name": "fake", "json_schema_version": 1}}
 
     def _list(self, what: dict[str, Any]) -> list[dict[str, Any]]:
         (kind, body), = what.items()
@@ -446,3 +500,77 @@ def _run_chain(t: _Table, name: str, fields: dict[str, Any], pick: Callable[[int
         if verdict is not None:
             return _run_chain(t, verdict, fields, pick)
     return None
+
+
+class FakeView:
+    """The fake's tables as the agent's kernel view (agent/kernel.py's KernelView): reads
+    in the canonical forms, and change notifications of what others committed."""
+
+    def __init__(self, fake: FakeNft, family: str, table: str, also: tuple[str, ...]) -> None:
+        self.fake, self.family, self.table, self.also = fake, family, table, also
+        self._seen = len(fake.events)
+        self.reads = 0
+        self.state = None
+
+    def read(self) -> Any:
+        self.reads += 1
+        self._seen = len(self.fake.events)
+        return self.read_other(self.table)
+
+    def read_other(self, table: str) -> Any:
+        from agent.ruleset import from_listing
+
+        rc, doc, _ = self.fake.json_cmd({"nftables": [{"list": {"table": {"family": self.family, "name": table}}}]})
+        self.fake.listings -= 1
+        return from_listing(doc) if rc == 0 else None
+
+    def damage(self) -> Any:
+        from agent.kernel import Damage
+        from agent.layout import affinity_slot
+
+        events, self._seen = self.fake.events[self._seen:], len(self.fake.events)
+        chains, sets, elements, others, everything = set(), set(), set(), set(), False
+        for origin, family, table, kind, name in events:
+            if origin == "agent" or family != self.family or (table != self.table and table not in self.also):
+                continue
+            if table != self.table:
+                others.add(table)
+            elif kind == "table":
+                everything = True
+            elif kind in ("chain", "rule"):
+                chains.add(name)
+            elif kind == "set":
+                sets.add(name)
+            elif affinity_slot(name) is None:
+                elements.add(name)
+        return Damage(everything, frozenset(chains), frozenset(sets), frozenset(elements), frozenset(others))
+
+    def reread(self, damage: Any, mirror: Any) -> Any:
+        from agent.kernel import reread
+        from agent.ruleset import Ruleset
+
+        def head() -> Any:
+            full = self.read_other(self.table)
+            return None if full is None else Ruleset(full.sets, full.chains, full.rules, {})
+
+        def elements(name: str) -> Any:
+            full = self.read_other(self.table)
+            return None if full is None or name not in full.sets else full.elements.get(name, {})
+
+        self.reads += 1
+        return reread(damage, mirror, head, elements)
+
+    def entries(self, name: str) -> list[ElemKey]:
+        table = self.fake.tables.get((self.family, self.table))
+        return list(table.sets[name].elems) if table is not None and name in table.sets else []
+
+    def declaration(self, name: str) -> dict[str, Any] | None:
+        table = self.fake.tables.get((self.family, self.table))
+        return copy.deepcopy(table.sets[name].decl) if table is not None and name in table.sets else None
+
+
+def edges(fake: FakeNft, family: str = "ip", table: str = "natgw") -> tuple[Any, FakeView]:
+    """The agent's two edges on a fake: its writer (agent.nft.Nft) and its kernel view."""
+    from agent.nft import Nft
+
+    return Nft(family, table, fake), fake.view(family, table)

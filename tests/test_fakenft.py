@@ -25,7 +25,7 @@ def test_each_case_gets_the_kernels_answer(case: str) -> None:
     if expected == OK:
         assert (rc, err) == (0, "") and fake.generation() == generation + 1
     else:
-        assert rc == 1 and expected in err, err
+        assert rc == 1 and any(e in err for e in (expected if isinstance(expected, tuple) else (expected,))), err
         assert fake.dump("ip", "t") == before and fake.generation() == generation  # all or nothing
 
 

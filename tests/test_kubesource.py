@@ -190,7 +190,8 @@ def test_other_gateways_rules_are_ignored_and_a_rule_moves_in_when_its_eip_appea
 
 def test_invalid_rule_gets_one_warning_event_per_change(world: FakeKube, source: KubeSource) -> None:
     world.create(RULES, rule("web-bad", 80, "10.0.1.300"))
-    wait(lambda: source.ready and source.poll(), what="initial sync")
+    # In the source (by the list or, if that came first, by the watch) before evaluating.
+    wait(lambda: source.ready and "web-bad" in str(source.objects()), what="the bad rule in the source")
     events = EventRecorder(api_client(world), "kube-system", host="gw1")
     events.start()
     reporter = Reporter(events, "gw1")

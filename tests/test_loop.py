@@ -10,15 +10,14 @@ import structlog
 
 from agent.health import Health
 from agent.loop import run_loop
-from agent.nft import Nft
 from agent.reconcile import Reconciler
 from agent.settings import Settings
 from tests.builders import eip, rule
-from tests.fakenft import FakeNft
+from tests.fakenft import FakeNft, edges
 from tests.sources import StoreSource
 
 FAST = Settings(gateway="gw1", conntrack=False, retry_min=0.02, retry_max=0.1, poll_interval=0.005,
-                healthz_stale_after=0.05, drift_interval=1000.0)
+                healthz_stale_after=0.05)
 
 
 def world() -> StoreSource:
@@ -51,7 +50,7 @@ def converged(reconciler: Reconciler) -> bool:
 def test_refused_transactions_are_retried_with_a_read_back_until_they_land() -> None:
     backend = FakeNft()
     backend.fail_next(4)
-    reconciler = Reconciler(FAST, Nft("ip", "natgw", backend))
+    reconciler = Reconciler(FAST, *edges(backend))
     health = Health(FAST.healthz_stale_after, FAST.livez_wedged_after)
     seen_unhealthy = []
     with structlog.testing.capture_logs() as logs:
@@ -61,7 +60,7 @@ def test_refused_transactions_are_retried_with_a_read_back_until_they_land() -> 
     assert len(failures) == 4  # each refusal logged, typed, with the batch's digest
     assert all(e["rc"] == 1 and len(e["digest"]) == 12 and "injected" in e["error"] for e in failures)
     assert len({e["digest"] for e in failures}) == 1  # the same batch each time: nothing half-applied
-    assert backend.listings >= 5  # a read-back before every retry, not a blind resend
+    assert reconciler.view.reads >= 5  # a read-back before every retry, not a blind resend
     assert any(seen_unhealthy)  # /healthz said so while it could not converge ...
     assert health.healthz()[0] and health.readyz()[0]  # ... and recovered with the kernel
     assert health.last_error is None
@@ -70,7 +69,7 @@ def test_refused_transactions_are_retried_with_a_read_back_until_they_land() -> 
 def test_the_loop_survives_exceptions_from_any_stage() -> None:
     source = world()
     source.poll_errors = 3
-    reconciler = Reconciler(FAST, Nft("ip", "natgw", FakeNft()))
+    reconciler = Reconciler(FAST, *edges(FakeNft()))
     original = reconciler.sync
     calls = {"n": 0}
 

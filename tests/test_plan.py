@@ -5,13 +5,12 @@ from agent.desired import desired_services
 from agent.layout import sticky_slots
 from agent.model import Backend, Identity
 from agent.model import build_inventory
-from agent.nft import Nft
 from agent.plan import DECLARE, MAIN, PREPARE, document, plan, retire, stale_chains
 from agent.render import render
 from agent.ruleset import Ruleset
 from agent.settings import Settings
 from tests.builders import ROOT, rendered, rule
-from tests.fakenft import FakeNft
+from tests.fakenft import FakeNft, edges
 from tests.golden import check_golden
 
 S = Settings()
@@ -121,16 +120,29 @@ def test_a_backend_map_redeclared_by_someone_else_is_repaired_in_the_table(web_o
     its chain first; the repair deletes and declares it again and refills both."""
     before = rendered(web_objects)
     backend = FakeNft()
-    nft = Nft("ip", "natgw", backend)
+    nft, view = edges(backend)
     nft.apply(plan(None, before, "ip", "natgw"))
     ref = {"family": "ip", "table": "natgw"}
     backend.external([{"flush": {"chain": {**ref, "name": "slot_0"}}}, {"delete": {"map": {**ref, "name": "backend_0"}}}])
     backend.external("add map ip natgw backend_0 { type ipv4_addr . inet_proto . inet_service : ipv4_addr . inet_service; }")
-    tampered = nft.read()
+    tampered = view.read()
     assert tampered.sets["backend_0"] != before.sets["backend_0"] and tampered.rules["slot_0"] == ()
     todo = plan(tampered, before, "ip", "natgw")
     assert [p.kind for p in todo.phases] == [PREPARE, DECLARE, MAIN]
     assert todo.phases[0].commands == ({"delete": {"map": {**ref, "name": "backend_0"}}},)
     nft.apply(todo)
-    assert nft.read() == before  # repaired, and nothing else touched on the way
+    assert view.read() == before  # repaired, and nothing else touched on the way
     assert len(backend.batches) == 3 and len(backend.texts) == 2  # the first sync's two, the repair's three
+
+
+def test_where_json_declares_every_map_the_plan_is_one_transaction(web_objects):
+    """nft >= 1.1.0 (agent/caps.py probes it): the backend maps in JSON, as a list of data
+    types, first after the table as the text declarations would be: one transaction."""
+    todo = plan(None, rendered(web_objects), "ip", "natgw", text_maps=False)
+    assert [p.kind for p in todo.phases] == [MAIN] and todo.phases[0].commands == todo.commands
+    assert todo.commands[0] == {"add": {"table": {"family": "ip", "name": "natgw"}}}
+    maps = [c["add"]["map"] for c in todo.commands[1:4]]
+    assert [m["name"] for m in maps] == ["backend_0", "backend_1", "backend_2"]
+    assert all(m["map"] == ["ipv4_addr", "inet_service"] for m in maps)
+    texted = plan(None, rendered(web_objects), "ip", "natgw")
+    assert len(todo.commands) == len(texted.commands)  # the same change either way

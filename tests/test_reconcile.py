@@ -11,13 +11,12 @@ from hypothesis import given, settings as hsettings, strategies as st
 
 from agent.desired import ListCatalog, desired_services
 from agent.model import build_inventory
-from agent.nft import Nft
 from agent.plan import plan
 from agent.reconcile import Reconciler
 from agent.render import render
 from agent.settings import Settings
 from tests.builders import eip, rule
-from tests.fakenft import FakeNft
+from tests.fakenft import FakeNft, edges
 from tests.sources import EIPS, Store, apply_edit
 
 SETTINGS = Settings(gateway="gw1", conntrack=False)
@@ -41,8 +40,8 @@ def test_partial_syncs_match_full_syncs(history: list[tuple[Any, ...]], every: i
     for name, address in EIPS.items():
         store.put(eip(name, address))
     settings = Settings(gateway="gw1", conntrack=False, retire_delay=0.0)
-    partial = Reconciler(settings, Nft("ip", "natgw", FakeNft()))
-    full = Reconciler(settings, Nft("ip", "natgw", FakeNft()))
+    partial = Reconciler(settings, *edges(FakeNft()))
+    full = Reconciler(settings, *edges(FakeNft()))
     partial.sync(store, None)
     full.sync(ListCatalog(store.objects()))
     store.take()
@@ -58,7 +57,7 @@ def test_partial_syncs_match_full_syncs(history: list[tuple[Any, ...]], every: i
         assert partial.state.services == full.state.services
         assert sorted(map(str, partial.state.errors)) == sorted(map(str, full.state.errors))
         # ... and both mirrors are what their tables hold.
-        assert partial.nft.read() == partial.mirror and full.nft.read() == full.mirror
+        assert partial.view.read() == partial.mirror and full.view.read() == full.mirror
     # The mirror is exactly what a fresh render gives for the final objects (slots kept).
     services = desired_services(build_inventory(store.objects(), "gw1").rules, SETTINGS.max_backends).services
     assert partial.state.services == services
@@ -73,7 +72,7 @@ def test_one_change_among_many_touches_only_its_identity() -> None:
         for b in range(4):
             store.put(rule(f"r{i}-{b}", 1000 + i, f"10.0.{b}.{i % 250 + 1}", eip_name="eip-a"))
     backend = FakeNft()
-    reconciler = Reconciler(SETTINGS, Nft("ip", "natgw", backend))
+    reconciler = Reconciler(SETTINGS, *edges(backend))
     reconciler.sync(store, None)
     store.take()
     store.put(rule("r7-2", 1007, "10.9.9.9", eip_name="eip-a"))
@@ -90,28 +89,32 @@ def test_one_change_among_many_touches_only_its_identity() -> None:
     assert reconciler.sync(store, store.take()).commands == 0  # nothing changed: nothing sent
 
 
-def test_declaring_backend_maps_first_is_not_mistaken_for_drift() -> None:
-    """A sync that declares new backend maps sends two transactions (text, then JSON); the
-    drift check must count both as the agent's own and not read the table back."""
+def test_only_others_changes_to_the_agents_table_are_drift() -> None:
+    """A sync that declares new backend maps sends two transactions (text, then JSON):
+    both are the agent's own; another table's transaction is nobody's business; a change
+    to the agent's table by someone else is repaired at once, from what was damaged."""
     store = Store()
     store.put(eip("eip-a", "172.18.0.10"))
     store.put(rule("r", 80, "10.0.1.1", eip_name="eip-a"))
     backend = FakeNft()
-    nft = Nft("ip", "natgw", backend)
-    reconciler = Reconciler(SETTINGS, nft)
+    reconciler = Reconciler(SETTINGS, *edges(backend))
     reconciler.sync(store, None)
-    assert len(backend.texts) == 1 and nft.generation() == 2
-    assert reconciler.check_drift() is False and backend.listings == 1  # no read-back but the first sync's
-    backend.external([{"add": {"table": {"family": "ip", "name": "other"}}}])  # someone else's transaction ...
-    assert reconciler.check_drift() is False and backend.listings == 2  # ... makes it read back: no drift
+    reads = reconciler.view.reads
+    assert len(backend.texts) == 1 and len(backend.batches) == 1
+    assert reconciler.check_drift() is False and reconciler.view.reads == reads  # its own: not even a look
+    backend.external([{"add": {"table": {"family": "ip", "name": "other"}}}])
+    assert reconciler.check_drift() is False and reconciler.view.reads == reads  # another table's: nothing read
+    good = backend.dump()
     backend.external([{"flush": {"chain": {"family": "ip", "table": "natgw", "name": "slot_0"}}}])
-    reconciler._last_readback = float("-inf")  # (the gap between read-backs: not what this test is about)
-    assert reconciler.check_drift() is True  # our table changed: drift
+    assert reconciler.check_drift() is False  # repaired in place: no full sync needed
+    assert reconciler.view.reads == reads + 1 and backend.dump() == good
+    assert backend.batches[-1] == [{"add": {"rule": {"family": "ip", "table": "natgw", "chain": "slot_0",
+                                                     **reconciler.mirror.rules["slot_0"][0]}}}]
 
 
 # ---- against the fake table: what only the kernel could show before, without root
 
-FAST = Settings(gateway="gw1", conntrack=False, retire_delay=0.0, drift_readback_gap=0.0)
+FAST = Settings(gateway="gw1", conntrack=False, retire_delay=0.0)
 REF = {"family": "ip", "table": "natgw"}
 PINNED = ("198.51.100.7", "172.18.0.10", "tcp", 443)
 
@@ -122,7 +125,7 @@ def programmed(settings: Settings = FAST) -> tuple[FakeNft, Reconciler, Store]:
     backend, store = FakeNft(), Store()
     for obj in web_objects():
         store.put(obj)
-    reconciler = Reconciler(settings, Nft("ip", "natgw", backend))
+    reconciler = Reconciler(settings, *edges(backend))
     reconciler.sync(store, None)
     store.take()
     backend.pin("natgw", "aff_0", PINNED)  # a client the data path pinned to slot 0
@@ -131,7 +134,7 @@ def programmed(settings: Settings = FAST) -> tuple[FakeNft, Reconciler, Store]:
 
 def test_a_restarted_agent_sends_nothing_to_an_unchanged_table() -> None:
     backend, reconciler, store = programmed()
-    again = Reconciler(FAST, Nft("ip", "natgw", backend))
+    again = Reconciler(FAST, *edges(backend))
     assert again.sync(store, None).commands == 0 and again.mirror == reconciler.mirror
     assert PINNED in backend.entries("natgw", "aff_0")
 
@@ -154,9 +157,11 @@ def test_drift_is_detected_and_repaired(drift: str) -> None:
     good = backend.dump()
     backend.external(DRIFTS[drift])
     assert backend.dump() != good
-    assert reconciler.check_drift() is True
-    result = reconciler.sync(store, store.take())
-    assert result.commands > 0 and not result.partial  # a drift repair is a full sync
+    needs_full_sync = reconciler.check_drift()  # repaired at once, from what was damaged ...
+    assert needs_full_sync is (drift == "table deleted")  # ... unless the table itself went
+    if needs_full_sync:
+        result = reconciler.sync(store, store.take())
+        assert result.commands > 0 and not result.partial
     reconciler.retire_chains()
     if drift == "table deleted":  # the pinned client went with it: as it was, but for that
         backend.pin("natgw", "aff_0", PINNED)
@@ -170,28 +175,28 @@ def test_a_backend_map_redeclared_by_someone_else_is_repaired_in_place() -> None
     good = backend.dump()
     backend.external([{"flush": {"chain": {**REF, "name": "slot_1"}}}, {"delete": {"map": {**REF, "name": "backend_1"}}}])
     backend.external("add map ip natgw backend_1 { type ipv4_addr . inet_proto . inet_service : ipv4_addr . inet_service; }")
-    assert reconciler.check_drift() is True
-    reconciler.sync(store, store.take())
+    assert reconciler.check_drift() is False  # repaired in place
     assert backend.dump() == good
     assert PINNED in backend.entries("natgw", "aff_0")  # the table (and its affinity) stayed
 
 
 def test_someone_elses_table_is_not_drift() -> None:
     backend, reconciler, _ = programmed()
-    listings = backend.listings
-    backend.external([{"add": {"table": {"family": "ip", "name": "other"}}}])
-    assert reconciler.check_drift() is False and backend.listings == listings + 1  # read back once, found nothing
-    assert reconciler.check_drift() is False and backend.listings == listings + 1  # and not again for the same generation
+    reads = reconciler.view.reads
+    backend.external([{"add": {"table": {"family": "ip", "name": "other"}}},
+                      {"add": {"chain": {"family": "ip", "table": "other", "name": "c"}}}])
+    assert reconciler.check_drift() is False and reconciler.view.reads == reads  # nothing even read
+    assert ("ip", "other") in backend.tables
 
 
 def test_a_settings_change_redeclares_in_one_transaction_keeping_elements_and_pins() -> None:
     backend, reconciler, store = programmed(Settings(gateway="gw1", conntrack=False))
-    before = reconciler.nft.read()
+    before = reconciler.view.read()
     changed = Settings(gateway="gw1", conntrack=False, affinity_set_size=1024, priority=-161)
     batches = len(backend.batches)
-    Reconciler(changed, Nft("ip", "natgw", backend)).sync(store, None)
+    Reconciler(changed, *edges(backend)).sync(store, None)
     assert len(backend.batches) == batches + 1 and not backend.texts[1:]  # one JSON transaction, no text
-    after = reconciler.nft.read()
+    after = reconciler.view.read()
     assert {n: d.get("size") for n, d in after.sets.items() if n.startswith("aff_")} == {"aff_0": 1024, "aff_1": 1024}
     assert after.chains["prerouting"]["prio"] == -161
     assert after.elements == before.elements  # maps and their elements stayed
@@ -230,11 +235,11 @@ def test_a_failed_retirement_makes_the_next_sync_read_back() -> None:
     store.drop("IptablesDnatRule", "web-c")
     reconciler.sync(store, store.take())
     backend.external([{"add": {"chain": {**REF, "name": "x"}}}, {"add": {"rule": {**REF, "chain": "x", "expr": [{"goto": {"target": "lb_n3"}}]}}}])
-    listings = backend.listings
+    reads = reconciler.view.reads
     reconciler.retire_chains()  # EBUSY: someone points at it
     assert "lb_n3" in backend.tables[("ip", "natgw")].chains
     reconciler.sync(store, store.take())
-    assert backend.listings == listings + 1
+    assert reconciler.view.reads == reads + 1  # read back
 
 
 objects_sets = st.lists(st.tuples(st.sampled_from([80, 443, 53]), st.sampled_from(["tcp", "UDP"]), st.integers(1, 6),
@@ -253,10 +258,10 @@ def test_applying_a_plan_to_a_table_holding_a_leaves_it_holding_b(first: list[An
 
     a = rendered(objects(first))
     b = rendered(objects(second), a)
-    backend = FakeNft()
-    nft = Nft("ip", "natgw", backend)
-    nft.apply(plan(None, a, "ip", "natgw"))
-    assert nft.read() == a
-    nft.apply(plan(a, b, "ip", "natgw"))
-    nft.apply(retire(stale_chains(a, b), "ip", "natgw"))
-    assert nft.read() == b
+    for version, text_maps in (("1.0.6", True), ("1.1.3", False)):
+        nft, view = edges(FakeNft(version))
+        nft.apply(plan(None, a, "ip", "natgw", text_maps=text_maps))
+        assert view.read() == a
+        nft.apply(plan(a, b, "ip", "natgw", text_maps=text_maps))
+        nft.apply(retire(stale_chains(a, b), "ip", "natgw"))
+        assert view.read() == b

@@ -7,9 +7,8 @@ from typing import Any
 from hypothesis import given, settings as hsettings
 
 from agent.desired import ListCatalog
-from agent.nft import Nft
 from agent.reconcile import Reconciler
-from tests.fakenft import FakeNft
+from tests.fakenft import FakeNft, edges
 from tests.hostile import HYPO, SETTINGS, check_commands, edits, source_key
 
 @hsettings(max_examples=150, **HYPO)
@@ -19,7 +18,7 @@ def test_every_batch_the_reconciler_sends_is_clean(history: list[tuple[Any, ...]
     every transaction it would send is walked like the rendered plan."""
     store: dict[int, Any] = {}
     backend = FakeNft()
-    reconciler = Reconciler(SETTINGS, Nft("ip", "natgw", backend))
+    reconciler = Reconciler(SETTINGS, *edges(backend))
     reconciler.sync(ListCatalog([]), None)
     for edit in history:
         slot = edit[1]

@@ -10,8 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from agent.nft import Nft  # noqa: E402
-from agent.reconcile import Reconciler  # noqa: E402
+from agent.reconcile import connected  # noqa: E402
 from agent.settings import Settings  # noqa: E402
 from tests.builders import eip  # noqa: E402
 from tests.sources import EIPS, Store, apply_edit  # noqa: E402
@@ -35,8 +34,7 @@ def main(seed: int, steps: int) -> None:
     store = Store()
     for name, address in EIPS.items():
         store.put(eip(name, address))
-    nft = Nft("ip", "natgw")
-    reconciler = Reconciler(Settings(gateway="gw1", conntrack=False, retire_delay=0.0), nft)
+    reconciler = connected(Settings(gateway="gw1", conntrack=False, retire_delay=0.0))
     reconciler.sync(store, None)
     store.take()
     mismatches, partial = [], 0
@@ -45,7 +43,7 @@ def main(seed: int, steps: int) -> None:
         result = reconciler.sync(store, store.take())
         partial += 1
         reconciler.retire_chains()
-        kernel = nft.read()
+        kernel = reconciler.view.read()
         if kernel is None or kernel.elements != reconciler.mirror.elements or kernel.sets != reconciler.mirror.sets \
                 or {c: r for c, r in kernel.rules.items() if r} != {c: r for c, r in reconciler.mirror.rules.items() if r}:
             mismatches.append({"step": step, "commands": result.commands})

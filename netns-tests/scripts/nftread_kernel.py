@@ -1,7 +1,7 @@
 """Run inside a network namespace (child of netns-tests/test_nftread_kernel.py): the
 agent's own netlink read-back against the real kernel. Prints one JSON line.
 
-    examples          program examples/ through the agent; read_table vs Nft.read() vs render
+    examples          program examples/ through the agent; read_table vs libnftables' listing vs render
     program N         program N identities x 4 backends (bench/identities.py) through the agent
     quiet N           read_table of that table vs Nft.read() vs render
     churn N           read_table while a neighbour table commits every 100 ms, vs a quiet
@@ -34,10 +34,9 @@ from agent import nftread  # noqa: E402
 from agent.desired import desired_services  # noqa: E402
 from agent.dirsource import DirectorySource  # noqa: E402
 from agent.model import build_inventory  # noqa: E402
-from agent.nft import Nft  # noqa: E402
-from agent.reconcile import Reconciler  # noqa: E402
+from agent.reconcile import connected  # noqa: E402
 from agent.render import render  # noqa: E402
-from agent.ruleset import EMPTY, Ruleset  # noqa: E402
+from agent.ruleset import EMPTY, Ruleset, from_listing  # noqa: E402
 from agent.settings import Settings  # noqa: E402
 from bench import identities as ids  # noqa: E402
 
@@ -82,12 +81,23 @@ def timed(call: Any) -> tuple[Any, float]:
     return value, time.perf_counter() - t0
 
 
+def libnftables_read() -> Ruleset | None:
+    """The table through libnftables' JSON listing (what the agent read before its own
+    netlink view), parsed in nft 1.0.6's form: the oracle on 1.0.6."""
+    import nftables
+
+    ctx = nftables.Nftables()
+    ctx.set_json_output(True)
+    rc, out, err = ctx.cmd("list table ip natgw")
+    return from_listing(json.loads(out)) if rc == 0 else None
+
+
 def nft_version() -> str:
     return subprocess.run(["nft", "--version"], capture_output=True, text=True, check=True).stdout.split()[1].lstrip("v")
 
 
 def compare(state: nftread.TableState, objects: list[Any]) -> dict[str, Any]:
-    listing, listing_s = timed(lambda: Nft("ip", "natgw").read())
+    listing, listing_s = timed(lambda: libnftables_read())
     want = rendered(objects)
     got = state.ruleset()
     return {"nft_version": nft_version(), "equals_nft_read": got == listing, "equals_rendered": got == want,
@@ -121,7 +131,7 @@ def wait_commits(sub: nl.Subscriber, count: int, timeout: float = 10.0) -> list[
 
 def examples() -> dict[str, Any]:
     objects = objects_for(ROOT / "examples")
-    Reconciler(SETTINGS, Nft("ip", "natgw")).sync(objects)
+    connected(SETTINGS).sync(objects)
     state, seconds = timed(lambda: nftread.read_table("ip", "natgw"))
     assert state is not None
     report = compare(state, objects)
@@ -134,7 +144,7 @@ def examples() -> dict[str, Any]:
 
 def program(n: int) -> dict[str, Any]:
     objects = scale_objects(n)
-    _, seconds = timed(lambda: Reconciler(SETTINGS, Nft("ip", "natgw")).sync(objects))
+    _, seconds = timed(lambda: connected(SETTINGS).sync(objects))
     return {"sync_s": seconds}
 
 
@@ -250,7 +260,7 @@ def measure(n: int) -> dict[str, Any]:
     out["quiet_read_s"] = quiet_s
     _, out["quiet_read_no_elements_s"] = timed(lambda: nftread.read_table("ip", "natgw", elements=False))
     _, out["read_set_services_s"] = timed(lambda: nftread.read_set("ip", "natgw", "services"))
-    _, out["nft_read_s"] = timed(lambda: Nft("ip", "natgw").read())
+    _, out["nft_read_s"] = timed(lambda: libnftables_read())
     with Neighbour(), nl.Subscriber() as sub:
         wait_commits(sub, 2)
         churn_s, attempts = [], []

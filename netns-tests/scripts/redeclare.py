@@ -14,6 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from agent.dirsource import DirectorySource  # noqa: E402
+from agent.caps import probe  # noqa: E402
+from agent.kernel import KernelView  # noqa: E402
 from agent.nft import Nft  # noqa: E402
 from agent.plan import plan  # noqa: E402
 from agent.reconcile import Reconciler  # noqa: E402
@@ -41,7 +43,8 @@ def _swapped(commands: list[dict], first: str, second: str, key: list) -> list[d
 def main(mode: str) -> None:
     source = DirectorySource(ROOT / "examples")
     source.poll()
-    nft = Nft("ip", "natgw")
+    nft, view = Nft("ip", "natgw"), KernelView("ip", "natgw")
+    caps = probe(nft, view, "ip", "natgw")  # as the agent would: text declarations only where needed
     if mode == "upgrade":
         old = json.loads((ROOT / "netns-tests" / "fixtures" / "layout-addr-port.json").read_text())["nftables"]
         nft.apply(one_transaction(_swapped(old, "addr_0", "addr_2", APP)))  # slots out of order, as history leaves them
@@ -49,21 +52,22 @@ def main(mode: str) -> None:
                                                         "elem": [{"concat": [CLIENT, *APP]}]}}}]))  # a client pinned to slot 0
         changed = Settings(gateway="gw1", conntrack=False)
     else:
-        Reconciler(Settings(gateway="gw1", conntrack=False), nft).sync(source.objects())
+        Reconciler(Settings(gateway="gw1", conntrack=False), nft, view, caps=caps).sync(source.objects())
         changed = Settings(gateway="gw1", conntrack=False, affinity_set_size=1024, priority=-161)
-    before = nft.read()
+    before = view.read()
     first = nft.transactions
-    reconciler = Reconciler(changed, nft)
+    reconciler = Reconciler(changed, nft, view, caps=caps)
     reconciler.sync(source.objects())
-    after = nft.read()
+    after = view.read()
     assert before is not None and after is not None and reconciler.mirror is not None
     print(json.dumps({
         "transactions": nft.transactions - first,
+        "json_concat_maps": caps.json_concat_maps,
         "converged": not plan(after, reconciler.mirror, "ip", "natgw"),
         "sets_before": before.sets, "sets_after": after.sets,
         "prio": after.chains["prerouting"]["prio"],
         "app_slots": {str(b): slot for b, slot in slots_of(after).get(key_identity(tuple(APP)), {}).items()},
-        "aff_0": [list(k) for k in nft.set_elements("aff_0")],
+        "aff_0": [list(k) for k in view.entries("aff_0")],
         "elements_before": {n: len(e) for n, e in before.elements.items()},
         "elements_after": {n: len(e) for n, e in after.elements.items()},
     }))
