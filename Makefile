@@ -3,7 +3,7 @@ SHELL := /bin/bash
 # Overridable: inside the Debian 13 root the suite needs a virtualenv of that root's Python.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-APT_PACKAGES := nftables python3-nftables python3-venv conntrack iproute2 iptables systemd util-linux
+APT_PACKAGES := nftables python3-nftables python3-venv conntrack iproute2 iptables systemd util-linux openssl
 STAMP := $(VENV)/.installed
 
 # The Debian 13 (trixie) root the suite also runs in (nftables 1.1.3, Python 3.13); outside

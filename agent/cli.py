@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -33,6 +34,11 @@ from agent.nfttext import to_text
 from agent.settings import Settings
 from agent.show import format_show, inspect
 from agent.status import StatusServer, query
+from agent.supervise import supervise
+from agent import webhook
+from agent.crd import CRD_NAME, problems as crd_problems
+from agent.httpserve import host_port
+from agent.inject import GATEWAY_ANNOTATION, Options as InjectOptions
 
 
 def _table_name(value: str) -> str:
@@ -56,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--gateway", default=os.environ.get("GATEWAY_NAME", ""), help="gateway name (default: $GATEWAY_NAME)")
         s.add_argument("--from-dir", type=Path, help="read rules from this directory instead of the Kubernetes API")
         s.add_argument("--kubeconfig", type=Path, help="kubeconfig for the API (default: in-cluster service account)")
+        s.add_argument("--token-dir", type=Path, default=Path(os.environ["NATGW_TOKEN_DIR"]) if os.environ.get(
+            "NATGW_TOKEN_DIR") else None, help="in-cluster token and ca.crt from here instead of the automount path "
+                                              "(default: $NATGW_TOKEN_DIR)")
         if name == "render":
             s.add_argument("--text", action="store_true",
                            help="print nft text, as the kernel would list it (root: uses a private namespace)")
@@ -63,7 +72,8 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--event-namespace", default=os.environ.get("POD_NAMESPACE") or Settings.event_namespace,
                            help="namespace of the Events the agent records (default: $POD_NAMESPACE, else default)")
             s.add_argument("--metrics-addr", default=Settings.metrics_addr,
-                           help="host:port of /healthz, /livez and /readyz")
+                           help="host:port of /metrics (and /healthz, /livez, /readyz); loopback by default: "
+                                "an address on the pod's eth0 is reachable from every workload in the tenant's VPC")
             s.add_argument("--take-over-legacy", action="store_true",
                            help="remove the legacy kube-ovn table's objects for the identities the agent serves")
             s.add_argument("--state-dir", type=Path, default=Settings.state_dir,
@@ -74,12 +84,52 @@ def _parser() -> argparse.ArgumentParser:
                       help="where the running agent's status socket is (its capabilities and problems)")
     show.add_argument("--identity", help="only this identity, as EIP:PORT/PROTO (e.g. 172.18.0.10:80/tcp)")
     sub.add_parser("cleanup", help="remove everything the agent owns (its table); nothing else is touched")
+    health = sub.add_parser("health", help="ask the running agent (exec probes): exit 0 if ready or live, 1 if not")
+    which = health.add_mutually_exclusive_group(required=True)
+    which.add_argument("--ready", action="store_true", help="the first full sync is done and nothing keeps it from serving")
+    which.add_argument("--live", action="store_true", help="its loop is not wedged")
+    health.add_argument("--state-dir", type=Path, default=Settings.state_dir, help="where its status socket is")
+    health.add_argument("--timeout", type=float, default=1.0, help="seconds to wait for an answer")
+    sup = sub.add_parser("supervise", help="run `natgw-agent ARGS...` and start it again at once when it dies "
+                                           "(the agent container's main process)")
+    sup.add_argument("args", nargs="*", help="the worker's arguments, e.g. --log-format json run (everything after "
+                                             "`supervise` is the worker's)")
+    inj = sub.add_parser("inject", help="the admission webhook adding the agent to kube-ovn gateway pods")
+    inj.add_argument("--listen", default=":8443", help="host:port to serve HTTPS on")
+    inj.add_argument("--tls-cert", required=True, help="certificate (PEM) the API server trusts")
+    inj.add_argument("--tls-key", required=True)
+    inj.add_argument("--agent-image", default=os.environ.get("NATGW_AGENT_IMAGE", ""),
+                     help="image of the agent container (default: $NATGW_AGENT_IMAGE)")
+    inj.add_argument("--service-account", default=InjectOptions.service_account,
+                     help="given to gateway pods that have none")
+    inj.add_argument("--api-host", default="", help="KUBERNETES_SERVICE_HOST for the agent, if it must differ")
+    inj.add_argument("--api-port", default="", help="KUBERNETES_SERVICE_PORT for the agent, if it must differ")
+    inj.add_argument("--agent-arg", action="append", default=[], help="another argument of `natgw-agent run`")
+    inj.add_argument("--api-network", default="", help="attach gateway pods to this NAD (namespace/name) to reach "
+                                                       "the API, as kube-ovn does only with its BGP speaker")
+    inj.add_argument("--api-route", action="append", default=[], metavar="DST=GW",
+                     help="a route through --api-network, e.g. 10.96.0.1/32=100.64.0.1")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    worker: list[str] = []
+    if "supervise" in argv:  # everything after it is the worker's, options included
+        at = argv.index("supervise")
+        argv, worker = argv[:at + 1], argv[at + 1:]
     args = _parser().parse_args(argv)
     logsetup.configure(args.log_format, args.log_level)
+    if args.command == "supervise":
+        args.args = worker
+        if not args.args:
+            print("natgw-agent supervise: which command to run? e.g. `supervise --log-format json run`", file=sys.stderr)
+            return 2
+        return supervise(args.args)
+    if args.command == "health":
+        return _health(args.state_dir / "agent.sock", "ready" if args.ready else "live", args.timeout)
+    if args.command == "inject":
+        return _inject(args)
     if args.command == "show":
         try:
             found = inspect(KernelView("ip", args.table, subscribe=False), args.identity)
@@ -91,9 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "cleanup":
         return _cleanup(args.table)
     if not args.gateway:
-        print("natgw-agent: --gateway or GATEWAY_NAME is required", file=sys.stderr)
+        print("natgw-agent: no gateway name: --gateway not given and GATEWAY_NAME empty (in a gateway pod it comes "
+              f"from the pod annotation {GATEWAY_ANNOTATION} through the downward API: "
+              f"metadata.annotations['{GATEWAY_ANNOTATION}'])", file=sys.stderr)
         return 2
     settings = Settings(gateway=args.gateway, from_dir=args.from_dir, kubeconfig=args.kubeconfig, table=args.table,
+                        token_dir=args.token_dir,
                         **({"event_namespace": args.event_namespace, "metrics_addr": args.metrics_addr,
                             "take_over_legacy": args.take_over_legacy, "state_dir": args.state_dir}
                            if args.command == "run" else {}))
@@ -127,14 +180,72 @@ def _agent_status(path: Path) -> dict[str, Any] | None:
         return None
 
 
+def _health(path: Path, what: str, timeout: float) -> int:
+    """An exec probe: asks the agent's status socket, never the kernel or the network."""
+    try:
+        answer = query(path, what, timeout)
+    except (OSError, ValueError) as err:
+        print(f"natgw-agent health: no answer from {path}: {err}", file=sys.stderr)
+        return 1
+    print(json.dumps(answer))
+    return 0 if answer.get("ok") else 1
+
+
+def _inject(args: argparse.Namespace) -> int:
+    if not args.agent_image:
+        print("natgw-agent inject: --agent-image (or NATGW_AGENT_IMAGE) is required", file=sys.stderr)
+        return 2
+    routes = tuple(tuple(r.split("=", 1)) for r in args.api_route)
+    if any(len(r) != 2 or not all(r) for r in routes) or (routes and not args.api_network):
+        print("natgw-agent inject: --api-route takes DST=GW, and needs --api-network", file=sys.stderr)
+        return 2
+    options = InjectOptions(image=args.agent_image, service_account=args.service_account, api_host=args.api_host,
+                            api_port=args.api_port, extra_args=tuple(args.agent_arg), api_network=args.api_network,
+                            api_routes=routes)  # type: ignore[arg-type]
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    server = webhook.serve(host_port(args.listen), args.tls_cert, args.tls_key, options)
+    structlog.get_logger().info("admission webhook serving", address=args.listen, image=args.agent_image)
+    stop.wait()
+    server.shutdown()
+    return 0
+
+
 def _api_client(settings: Settings) -> ApiClient:
     from kubernetes import config
+    from kubernetes.config.incluster_config import InClusterConfigLoader
 
     if settings.kubeconfig is not None:
         return config.new_client_from_config(config_file=str(settings.kubeconfig))
     configuration = Configuration()
-    config.load_incluster_config(client_configuration=configuration)
+    if settings.token_dir is not None:  # the token the injector mounts at a path of its own
+        InClusterConfigLoader(token_filename=str(settings.token_dir / "token"),
+                              cert_filename=str(settings.token_dir / "ca.crt")).load_and_set(configuration)
+    else:
+        config.load_incluster_config(client_configuration=configuration)
     return ApiClient(configuration)
+
+
+def _check_crd(api: ApiClient, health: Health, events: EventRecorder | None, settings: Settings) -> None:
+    """Read the IptablesDnatRule CRD (from a thread of its own: the API may be slow) and
+    stay not ready, loudly, when its schema lacks what the agent needs."""
+    from kubernetes import client
+
+    log = structlog.get_logger()
+    try:
+        found = client.ApiextensionsV1Api(api).read_custom_resource_definition(CRD_NAME, _request_timeout=(10, 20))
+        crd = api.sanitize_for_serialization(found)
+    except Exception as err:  # forbidden, absent, unreachable: say so and carry on
+        log.warning("cannot read the CRD; carrying on without checking it", crd=CRD_NAME,
+                    error=f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+        return
+    found_problems = crd_problems(crd)
+    for problem in found_problems:
+        log.error("this cluster cannot work with the agent", problem=problem)
+        if events is not None:
+            events.warning("VpcNatGateway", settings.gateway, "", "UnsupportedCRD", problem)
+    health.problems.extend(found_problems)
 
 
 def _render(settings: Settings, source: Source, wait: float, mode: str, text: bool) -> int:
@@ -180,13 +291,15 @@ def _run(settings: Settings, source: Source, api: ApiClient | None) -> int:
     # Counters through a read-only view of their own (its own socket: another thread).
     metrics.serve_backend_counters(KernelView("ip", settings.table, subscribe=False).counters)
     reconciler = connected(settings, Reporter(events, settings.gateway))
+    if api is not None:
+        threading.Thread(target=_check_crd, args=(api, health, events, settings), name="crd", daemon=True).start()
     try:
         status: StatusServer | None = StatusServer(settings.state_dir / "agent.sock", health.answer(reconciler.caps))
     except OSError as err:  # `natgw-agent health` will say so; the data plane is programmed all the same
         log.error("status socket unavailable", path=str(settings.state_dir / "agent.sock"), error=str(err))
         status = None
     try:
-        server = serve(health, settings.metrics_addr, metrics.registry)
+        server = serve(health, settings.metrics_addr, metrics)
     except OSError as err:  # a taken port must not keep the data plane from being programmed
         log.error("health endpoints unavailable", address=settings.metrics_addr, error=str(err))
         server = None

@@ -4,12 +4,14 @@ first full sync. JSON bodies say why."""
 from __future__ import annotations
 
 import json
-import threading
+import os
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from agent.httpserve import BoundedServer, host_port, respond
 
 from agent.sdnotify import Notifier
 
@@ -75,41 +77,27 @@ class Health:
             if query == "live":
                 return self.livez()
             ready, why = self.readyz()
-            return ready, {"ready": ready, "live": self.livez()[0], "healthy": self.healthz()[0],
+            return ready, {"ready": ready, "live": self.livez()[0], "healthy": self.healthz()[0], "pid": os.getpid(),
                            "reason": why.get("reason"), "problems": list(self.problems),
                            "capabilities": capabilities.as_dict(), "lastError": self.last_error}
         return answer
 
 
-def serve(health: Health, address: str, registry: CollectorRegistry | None = None) -> ThreadingHTTPServer:
-    """Serve the endpoints (and /metrics, given a registry) on host:port from a daemon
-    thread; returns the server."""
-    host, _, port = address.rpartition(":")
+def serve(health: Health, address: str, metrics: Any = None) -> BoundedServer:
+    """Serve the endpoints (and /metrics, given the Metrics) on host:port from a daemon
+    thread, four requests at a time at most, five seconds each; returns the server."""
     routes = {"/healthz": health.healthz, "/livez": health.livez, "/readyz": health.readyz}
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-            if self.path.split("?")[0] == "/metrics" and registry is not None:
-                data = generate_latest(registry)
-                self.send_response(200)
-                self.send_header("Content-Type", CONTENT_TYPE_LATEST)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+            if self.path.split("?")[0] == "/metrics" and metrics is not None:
+                respond(self, 200, CONTENT_TYPE_LATEST, metrics.exposition())
                 return
             check = routes.get(self.path.split("?")[0])
             ok, body = check() if check else (False, {"status": "not found"})
-            data = json.dumps(body).encode()
-            self.send_response(200 if ok else (404 if check is None else 503))
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            respond(self, 200 if ok else (404 if check is None else 503), "application/json", json.dumps(body).encode())
 
         def log_message(self, *args: Any) -> None:
             pass  # probes every few seconds would drown the agent's own log
 
-    server = ThreadingHTTPServer((host.strip("[]") or "0.0.0.0", int(port)), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="health", daemon=True).start()
-    return server
+    return BoundedServer(host_port(address), Handler, limit=4, timeout=5.0).start("health")

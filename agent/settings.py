@@ -40,6 +40,10 @@ class Settings:
     kubeconfig: Path | None = None
     """Kubeconfig for the Kubernetes source; None means the in-cluster service account."""
 
+    token_dir: Path | None = None
+    """Where the in-cluster token and ca.crt are, if not at the automount path (the
+    injector mounts them at a path of the agent's own: agent/inject.py)."""
+
     event_namespace: str = "default"
     """Namespace of the Events the agent records (its objects are cluster-scoped)."""
 

@@ -37,8 +37,10 @@ def wait_for(check: Callable[[], Any], timeout: float = 5.0, interval: float = 0
 class Agent:
     """natgw-agent running as its own process inside the gateway namespace."""
 
-    def __init__(self, lab: Lab, rules_dir: Path, log_path: Path, source_args: list[str] | None = None) -> None:
+    def __init__(self, lab: Lab, rules_dir: Path, log_path: Path, source_args: list[str] | None = None,
+                 supervised: bool = False) -> None:
         self.lab = lab
+        self.supervised = supervised  # under `natgw-agent supervise`, as in its container
         self.rules_dir = rules_dir
         self.log_path = log_path
         self.source_args = source_args or ["--from-dir", str(rules_dir)]
@@ -46,8 +48,8 @@ class Agent:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        argv = [sys.executable, "-m", "agent.cli", "--log-format", "json", "run", "--gateway", GATEWAY,
-                "--state-dir", str(self.state_dir), *self.source_args]
+        run = ["--log-format", "json", "run", "--gateway", GATEWAY, "--state-dir", str(self.state_dir), *self.source_args]
+        argv = [sys.executable, "-m", "agent.cli", *(["supervise", *run] if self.supervised else run)]
         self._log = open(self.log_path, "ab")
         self.proc = self.lab.popen_in(self.lab.gw_ns, argv, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT)
 

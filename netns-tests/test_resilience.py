@@ -21,7 +21,8 @@ def test_drift_is_repaired_within_five_seconds(lab, agent, drift):
     assert pinned  # the connections to the ClientIP identity pinned their clients
     for command in DRIFTS[drift]:
         agent.nft(*command)
-    assert static_ruleset(agent) != good  # the drift is real
+    # The drift is real (unless repaired already: the agent is quick; then it says so).
+    assert static_ruleset(agent) != good or any(e.get("event", "").startswith("drift") for e in agent.logs())
     wait_for(lambda: static_ruleset(agent) == good, 5, what=f"repair after: {drift}")
     if drift.startswith("backend map"):  # repaired in place: the table (and its affinity) stayed
         assert affinity_entries(agent) == pinned

@@ -220,6 +220,62 @@ def test_invalid_rule_gets_one_warning_event_per_change(world: FakeKube, source:
     assert "10.0.1.301" in recorded[1]["message"]
 
 
+# ---- the CRD check: a cluster that cannot work is refused loudly
+
+def crd_with(fields: list[str]) -> dict[str, Any]:
+    from agent.crd import CRD_NAME
+
+    return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition", "metadata": {"name": CRD_NAME},
+            "spec": {"group": "kubeovn.io", "scope": "Cluster",
+                     "names": {"plural": "iptables-dnat-rules", "singular": "iptables-dnat-rule",
+                               "kind": "IptablesDnatRule", "shortNames": ["dnat"]},
+                     "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                         "type": "object", "properties": {"spec": {"type": "object", "properties": {
+                             f: {"type": "string"} for f in fields}}}}}}]}}
+
+
+BASE_FIELDS = ["eip", "externalPort", "protocol", "internalIp", "internalPort"]  # kube-ovn v1.14's
+
+
+@pytest.mark.parametrize("fields, missing", [
+    (BASE_FIELDS, ["type", "sessionAffinity", "sessionAffinityTimeoutSeconds"]),
+    ([*BASE_FIELDS, "type"], ["sessionAffinity", "sessionAffinityTimeoutSeconds"]),
+    ([*BASE_FIELDS, "type", "sessionAffinity", "sessionAffinityTimeoutSeconds"], []),
+])
+def test_the_crd_schema_decides_readiness_and_is_said_in_events(fake: FakeKube, fields: list[str],
+                                                               missing: list[str]) -> None:
+    from agent.cli import _check_crd
+    from agent.health import Health
+
+    fake.set_crd(crd_with(fields))
+    health = Health(60, 30)
+    health.synced()
+    events = EventRecorder(api_client(fake), "kube-system", host="gw1")
+    events.start()
+    try:
+        _check_crd(api_client(fake), health, events, SETTINGS)
+        assert [p.split("spec.")[1].split(":")[0] for p in health.problems] == missing
+        assert all("kube-ovn" in p for p in health.problems)  # and which kube-ovn it takes
+        assert health.readyz()[0] is (not missing)
+        wait(lambda: events.sent == len(missing), what="one Event per missing field")
+    finally:
+        events.stop()
+    recorded = fake.objects("events", namespace="kube-system")
+    assert [(e["reason"], e["involvedObject"]["kind"]) for e in recorded] == [("UnsupportedCRD", "VpcNatGateway")] * len(missing)
+
+
+def test_an_unreadable_crd_is_said_and_the_agent_carries_on(fake: FakeKube) -> None:
+    import structlog
+
+    from agent.cli import _check_crd
+    from agent.health import Health
+
+    health = Health(60, 30)
+    with structlog.testing.capture_logs() as logs:
+        _check_crd(api_client(fake), health, None, SETTINGS)  # no such CRD: 404
+    assert health.problems == [] and any("cannot read the CRD" in e["event"] for e in logs)
+
+
 def test_rbac_grants_exactly_what_the_agent_used() -> None:
     """Runs last in this module: every request above is allowed, and no grant went unused."""
     docs = list(yaml.safe_load_all((ROOT / "images" / "kubernetes" / "rbac.yaml").read_text()))

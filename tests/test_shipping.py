@@ -1,4 +1,4 @@
-"""What ships beside the code: the systemd unit and the Kubernetes manifests."""
+"""What ships beside the code: the systemd unit, the Kubernetes manifests, the wheel and the image."""
 from __future__ import annotations
 
 import shutil
@@ -26,20 +26,34 @@ def test_systemd_unit_verifies(tmp_path: Path) -> None:
     assert "--from-dir" in text
 
 
-def test_statefulset_patch_probes_the_agents_endpoints() -> None:
-    patch = yaml.safe_load((ROOT / "images" / "kubernetes" / "statefulset-patch.yaml").read_text())
-    pod = patch["spec"]["template"]["spec"]
-    assert pod["serviceAccountName"] == "natgw-agent" and pod["automountServiceAccountToken"] is True
-    (container,) = pod["containers"]
-    assert container["name"] == "vpc-nat-gw"
-    assert {e["name"] for e in container["env"]} >= {"GATEWAY_NAME", "POD_NAMESPACE", "POD_IP"}
-    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert container["livenessProbe"]["httpGet"]["path"] == "/livez"  # never /healthz: a restart cuts every flow
-    port = int(container["args"][container["args"].index("--metrics-addr") + 1].rsplit(":", 1)[1])
-    assert port == container["readinessProbe"]["httpGet"]["port"] == container["livenessProbe"]["httpGet"]["port"]
+def test_the_injector_manifests_hang_together() -> None:
+    docs = {(d["kind"], d["metadata"]["name"]): d
+            for d in yaml.safe_load_all((ROOT / "images" / "kubernetes" / "injector.yaml").read_text())}
+    (hook,) = docs[("MutatingWebhookConfiguration", "natgw-injector")]["webhooks"]
+    from agent.inject import GATEWAY_LABEL, SERVICE_ACCOUNT
+
+    assert hook["objectSelector"] == {"matchLabels": {GATEWAY_LABEL: "true"}}  # every gateway pod, both forms
+    assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None"  # never keeps a gateway down
+    assert hook["rules"] == [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                              "resources": ["pods"], "scope": "Namespaced"}]
+    service = docs[("Service", "natgw-injector")]
+    assert hook["clientConfig"]["service"] == {"name": "natgw-injector", "namespace": "kube-system", "path": "/mutate",
+                                               "port": service["spec"]["ports"][0]["port"]}
+    deploy = docs[("Deployment", "natgw-injector")]["spec"]["template"]
+    assert service["spec"]["selector"] == deploy["metadata"]["labels"]
+    (container,) = deploy["spec"]["containers"]
+    command = container["command"]
+    assert command[:1] == ["natgw-agent"] and "inject" in command
+    assert command[command.index("--listen") + 1] == f":{container['ports'][0]['containerPort']}"
+    (mount,) = container["volumeMounts"]
+    assert command[command.index("--tls-cert") + 1] == f"{mount['mountPath']}/tls.crt"
+    (volume,) = deploy["spec"]["volumes"]
+    assert volume["secret"]["secretName"] == docs[("Certificate", "natgw-injector")]["spec"]["secretName"]
+    assert {e["name"]: e["value"] for e in container["env"]}["NATGW_AGENT_IMAGE"] == container["image"]
+    assert container["securityContext"]["runAsNonRoot"] is True  # the injector needs no privilege
     rbac = list(yaml.safe_load_all((ROOT / "images" / "kubernetes" / "rbac.yaml").read_text()))
     accounts = {(d["metadata"]["name"], d["metadata"]["namespace"]) for d in rbac if d["kind"] == "ServiceAccount"}
-    assert ("natgw-agent", "kube-system") in accounts
+    assert (SERVICE_ACCOUNT, "kube-system") in accounts
 
 
 def test_the_wheel_holds_the_agent_only(tmp_path: Path) -> None:

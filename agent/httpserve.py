@@ -1,0 +1,69 @@
+"""HTTP servers with bounds: at most `limit` requests in flight (more are refused at once,
+never queued behind a slow one), a timeout on every connection, optional TLS with the
+handshake in the request's own thread. For the metrics endpoint and the admission
+webhook: neither may pile up threads or hold the agent."""
+from __future__ import annotations
+
+import ssl
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+class BoundedServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], limit: int = 4,
+                 timeout: float = 5.0, tls: ssl.SSLContext | None = None) -> None:
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(limit)
+        self._timeout = timeout
+        if tls is not None:
+            # The handshake happens on the first read, in the request's thread, under its
+            # timeout: a client that never finishes it cannot stall accept().
+            self.socket = tls.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)  # busy: refuse now rather than queue
+            return
+        request.settimeout(self._timeout)
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that went away or timed out: nothing to report
+
+    def start(self, name: str) -> BoundedServer:
+        threading.Thread(target=self.serve_forever, name=name, daemon=True).start()
+        return self
+
+
+def respond(handler: BaseHTTPRequestHandler, code: int, content_type: str, data: bytes) -> None:
+    """One whole answer: status, type and length, body."""
+    handler.send_response(code)
+    handler.send_header("Content-Type", content_type)
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
+def tls_context(cert: str, key: str) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert, key)
+    return context
+
+
+def host_port(address: str) -> tuple[str, int]:
+    """("host", port) from "host:port" or "[v6]:port"."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+

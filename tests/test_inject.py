@@ -1,0 +1,94 @@
+"""The injection, on gateway pods exactly as kube-ovn's controller makes them (both forms:
+tests/fixtures/kube-ovn/), patched by an independent JSON Patch implementation as the API
+server would, then checked field by field and through the kubernetes client's own model."""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import jsonpatch
+import pytest
+import yaml
+from kubernetes.client import ApiClient
+
+from agent.inject import CONTAINER, GATEWAY_ANNOTATION, TOKEN_DIR, Options, patch
+
+FIXTURES = Path(__file__).parent / "fixtures" / "kube-ovn"
+OPTIONS = Options(image="registry.example/natgw-agent:1.0")
+
+
+def pod(name: str) -> dict[str, Any]:
+    return yaml.safe_load((FIXTURES / name).read_text())
+
+
+def mutated(original: dict[str, Any], options: Options = OPTIONS) -> dict[str, Any]:
+    return jsonpatch.apply_patch(original, patch(original, options))
+
+
+@pytest.mark.parametrize("name", ["statefulset-pod.yaml", "deployment-pod.yaml"])
+def test_the_agent_joins_the_gateway_pod_as_a_container_of_its_own(name: str) -> None:
+    original = pod(name)
+    after = mutated(original)
+    containers = {c["name"]: c for c in after["spec"]["containers"]}
+    # Everything kube-ovn put there stays exactly as it was, first in line.
+    assert after["spec"]["containers"][:len(original["spec"]["containers"])] == original["spec"]["containers"]
+    assert containers["vpc-nat-gw"]["command"] == ["sleep", "infinity"]
+    agent = containers[CONTAINER]
+    assert agent["image"] == OPTIONS.image and agent["command"][:2] == ["natgw-agent", "supervise"]
+    env = {e["name"]: e for e in agent["env"]}
+    assert env["GATEWAY_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == f"metadata.annotations['{GATEWAY_ANNOTATION}']"
+    assert original["metadata"]["annotations"][GATEWAY_ANNOTATION]  # ... which the controller sets
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    assert env["NATGW_TOKEN_DIR"]["value"] == TOKEN_DIR
+    assert agent["readinessProbe"]["exec"]["command"][:3] == ["natgw-agent", "health", "--ready"]
+    assert agent["livenessProbe"]["exec"]["command"][:3] == ["natgw-agent", "health", "--live"]
+    assert "httpGet" not in agent["readinessProbe"] and "ports" not in agent  # nothing on the tenant's network
+    assert agent["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN"]}
+    volumes = {v["name"]: v for v in after["spec"]["volumes"]}
+    for mount in agent["volumeMounts"]:
+        assert mount["name"] in volumes
+    token = volumes[agent["volumeMounts"][0]["name"]]["projected"]["sources"]
+    assert {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}} in token
+    # No mount path taken twice in any container (the automount path stays kube-ovn's).
+    for c in after["spec"]["containers"]:
+        paths = [m["mountPath"] for m in c.get("volumeMounts", [])]
+        assert len(paths) == len(set(paths)), c["name"]
+    assert len(volumes) == len(after["spec"]["volumes"])  # no volume name twice
+    # The client's own model keeps every field: none misspelt or misplaced.
+    client = ApiClient()
+    model = client._ApiClient__deserialize(copy.deepcopy(after), "V1Pod")  # type: ignore[attr-defined]
+    assert client.sanitize_for_serialization(model)["spec"]["containers"][-1] == agent
+
+
+def test_the_service_account_is_given_only_where_there_is_none() -> None:
+    plain = mutated(pod("statefulset-pod.yaml"))
+    assert plain["spec"]["serviceAccountName"] == OPTIONS.service_account
+    bgp = mutated(pod("deployment-pod.yaml"))
+    assert bgp["spec"]["serviceAccountName"] == "vpc-nat-gw"  # kube-ovn's BGP speaker needs its own
+
+
+def test_other_pods_and_already_injected_ones_are_left_alone() -> None:
+    other = pod("statefulset-pod.yaml")
+    del other["metadata"]["labels"]["ovn.kubernetes.io/vpc-nat-gw"]
+    assert patch(other, OPTIONS) == []
+    once = mutated(pod("statefulset-pod.yaml"))
+    assert patch(once, OPTIONS) == []  # a reinvocation adds nothing twice
+
+
+def test_options_reach_the_container() -> None:
+    options = Options(image="i:1", api_host="10.96.0.1", api_port="443", extra_args=("--take-over-legacy",))
+    agent = mutated(pod("statefulset-pod.yaml"), options)["spec"]["containers"][-1]
+    env = {e["name"]: e.get("value") for e in agent["env"]}
+    assert env["KUBERNETES_SERVICE_HOST"] == "10.96.0.1" and env["KUBERNETES_SERVICE_PORT"] == "443"
+    assert agent["command"][-1] == "--take-over-legacy"
+
+
+def test_the_api_attachment_kube_ovn_adds_only_with_its_bgp_speaker() -> None:
+    options = Options(image="i:1", api_network="default/api-net", api_routes=(("10.96.0.1/32", "100.64.0.1"),))
+    after = mutated(pod("statefulset-pod.yaml"), options)
+    annotations = after["metadata"]["annotations"]
+    assert annotations["k8s.v1.cni.cncf.io/networks"] == "kube-system/ovn-vpc-external-network,default/api-net"
+    assert annotations["api-net.default.ovn.kubernetes.io/routes"] == '[{"dst":"10.96.0.1/32","gw":"100.64.0.1"}]'
+    already = mutated(pod("deployment-pod.yaml"), options)["metadata"]["annotations"]  # BGP: attached already
+    assert already["k8s.v1.cni.cncf.io/networks"] == "kube-system/ovn-vpc-external-network,default/api-net"
