@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 DEBIAN13_ROOT ?= /var/tmp/natgw-agent-debian13
 DEBIAN13_VENV := .venv-debian13
 
-.PHONY: deps run test test-here test-debian13 unit netns bench clean
+.PHONY: deps run test test-here test-debian13 unit netns bench bench-busy bench-busy-debian13 bench-busy-report clean
 
 # Debian packages (the nftables binding is only packaged by the distro), then a virtualenv
 # made from the distro Python with system site packages so it sees that binding.
@@ -57,9 +57,39 @@ netns: deps
 	$(PY) -m pytest netns-tests
 
 # The side-by-side benchmark (legacy script, kube-proxy style, the agent; data plane vs an
-# iptables chain): about 10 minutes; writes BENCHMARKS.md and benchmarks-sync.png.
+# iptables chain): about 10 minutes; writes BENCHMARKS.md and benchmarks-sync.png. Then the
+# busy neighbour benchmark (bench/busy.py, a minute or two each) on this system and in the
+# Debian 13 root, one after the other, and its section of BENCHMARKS.md from both results.
+# Both busy runs happen even if the first fails; the section shows what there is.
+BUSY_N ?= 10000
+BUSY_JSON ?= build/bench-busy.json
+BUSY_JSON_HERE := build/bench-busy-here.json
+BUSY_JSON_DEBIAN13 := build/bench-busy-debian13.json
+
 bench: deps
 	$(PY) -m bench.run
+	@failed=; \
+	$(MAKE) --no-print-directory bench-busy BUSY_JSON=$(BUSY_JSON_HERE) || failed="$$failed, this system"; \
+	$(MAKE) --no-print-directory bench-busy-debian13 || failed="$$failed, the Debian 13 root"; \
+	$(MAKE) --no-print-directory bench-busy-report || failed="$$failed, the report"; \
+	if [ -n "$$failed" ]; then echo "make bench: busy neighbour FAILED on$${failed#,}" >&2; exit 1; fi
+
+# The busy neighbour benchmark on whatever system make runs on; its JSON into BUSY_JSON
+# (progress on stderr).
+bench-busy: deps
+	@mkdir -p $(dir $(BUSY_JSON)) && rm -f $(BUSY_JSON)
+	$(PY) -m bench.busy --n $(BUSY_N) --json $(BUSY_JSON) >/dev/null
+
+# The same in the Debian 13 root (nftables 1.1.3, Python 3.13); the repository is mounted
+# there, so its JSON lands in this tree's build/.
+bench-busy-debian13:
+	images/debian13/root.sh build $(DEBIAN13_ROOT)
+	images/debian13/root.sh run $(DEBIAN13_ROOT) $(CURDIR) -- make VENV=$(DEBIAN13_VENV) BUSY_N=$(BUSY_N) \
+		BUSY_JSON=$(BUSY_JSON_DEBIAN13) bench-busy
+
+# The busy neighbour section of BENCHMARKS.md from the two results (the rest of the file stays).
+bench-busy-report:
+	$(PY) -m bench.report --busy $(BUSY_JSON_HERE) $(BUSY_JSON_DEBIAN13)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

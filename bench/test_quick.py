@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
+from bench import busy as busy_mod
 from bench import identities as ids_mod
-from bench import kubeproxy, legacy
+from bench import kubeproxy, legacy, report
 from bench.netns import REPO, child_env
 from bench.run import QUICK
 from bench.sync import FULL_COUNT_MAX_SETS, MAX_CHANGE_COMMANDS
@@ -23,16 +24,22 @@ def quick(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Pat
     assert os.geteuid() == 0, "the benchmark needs root (network namespaces, nftables)"
     out = tmp_path_factory.mktemp("bench")
     raw = out / "results.json"
-    proc = subprocess.Popen([sys.executable, "-m", "bench.run", "--quick", "--out", str(out), "--json", str(raw)],
-                            cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc, stdout, stderr = _run_module("bench.run", "--quick", "--out", str(out), "--json", str(raw))
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    return json.loads(raw.read_text()), out, proc.pid
+
+
+def _run_module(*argv: str) -> tuple[subprocess.Popen[str], str, str]:
+    """`python -m argv...` from the repository, at most 5 minutes: (process, stdout, stderr)."""
+    proc = subprocess.Popen([sys.executable, "-m", *argv], cwd=REPO, env=child_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             proc.terminate()  # it deletes its namespaces on SIGTERM
             proc.wait(30)
-    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
-    return json.loads(raw.read_text()), out, proc.pid
+    return proc, stdout, stderr
 
 
 def _one(rows: list[dict[str, Any]], n: int, affinity: bool) -> dict[str, Any]:
@@ -140,3 +147,90 @@ def test_no_namespace_left_behind(quick: tuple[dict[str, Any], Path, int]) -> No
     _, _, pid = quick
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     assert [line for line in listed.splitlines() if line.startswith(f"nb{pid}-")] == []
+
+
+# --- the busy neighbour benchmark (bench/busy.py), small -----------------------------------
+
+BUSY_N = 500
+BUSY_REPS = 2
+
+
+@pytest.fixture(scope="module")
+def busy(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], int]:
+    assert os.geteuid() == 0, "the benchmark needs root (network namespaces, nftables)"
+    raw = tmp_path_factory.mktemp("busy") / "busy.json"
+    proc, stdout, stderr = _run_module("bench.busy", "--n", str(BUSY_N), "--reps", str(BUSY_REPS), "--cpu-seconds", "2",
+                                       "--scrapes", "2", "--readbacks", "1", "--json", str(raw))
+    assert raw.exists(), stderr[-3000:]
+    res = json.loads(raw.read_text())
+    assert json.loads(stdout) == res
+    return res, proc.returncode
+
+
+def test_busy_every_check_passed(busy: tuple[dict[str, Any], int]) -> None:
+    res, rc = busy
+    assert [k for k, ok in res["checks"].items() if not ok] == []
+    assert rc == 0 and res["ok"]
+    assert res["programmed_identities"] == BUSY_N + 1 and res["table"]["identities"] == BUSY_N + 1
+    assert res["agent_pid_measured"]  # the CPU read is the agent's own process
+    assert res["pins"] == busy_mod.CLIENTS
+    assert res["neighbour"]["commits"] > 0 and res["neighbour"]["failures"] == 0  # it was busy all along
+    assert set(res["targets"]) == set(busy_mod.TARGETS)
+    assert res["machine"]["nft"].startswith("nftables v") and res["machine"]["python"]
+
+
+def test_busy_every_damage_was_real_and_repaired(busy: tuple[dict[str, Any], int]) -> None:
+    res, _ = busy
+    assert set(res["repairs"]) == {"flushed chain", "deleted map element", "deleted set"}
+    for name, r in res["repairs"].items():
+        assert len(r["runs"]) == BUSY_REPS and len(r["seconds"]) == BUSY_REPS, name
+        for run in r["runs"]:
+            assert run["nft_rc"] == 0, run["nft_stderr"]
+            assert run["drift_logged"], name  # the agent saw the damage and said so
+            assert run["repaired"] and run["full_reads"] >= 1, name  # a full read equalled the table before
+            assert run["repair_s"] is not None
+
+
+def test_busy_restart_sent_nothing_and_kept_every_pin(busy: tuple[dict[str, Any], int]) -> None:
+    r = busy[0]["restart"]
+    assert r["killed_rc"] == -9
+    assert r["sent_nothing"] and r["sent"] == []
+    assert r["table_unchanged"]
+    assert r["pins"] == busy_mod.CLIENTS and r["pins_lost"] == {} and r["pins_kept"]
+
+
+def test_busy_show_diff_scrapes_and_readback_answered(busy: tuple[dict[str, Any], int]) -> None:
+    res, _ = busy
+    c = res["commands"]
+    assert c["show"]["rc"] == 0 and c["show"]["identities"] == BUSY_N + 1
+    assert c["show"]["backends"] == (BUSY_N + 1) * ids_mod.BACKENDS
+    assert c["show_json"]["rc"] == 0 and c["show_json"]["identities"] == BUSY_N + 1 and c["show_json"]["agent_ready"]
+    assert c["diff"]["rc"] == 0 and c["diff"]["empty"]
+    scrapes = [res["scrape"]["first"], *res["scrape"]["later"]]
+    assert len(scrapes) == 3 and all(s["status"] == 200 and s["identities"] == BUSY_N + 1 for s in scrapes)
+    # The later scrapes carry the backend counters the first one asked for.
+    assert res["scrape"]["later"][-1]["backend_series"] == (BUSY_N + 1) * ids_mod.BACKENDS
+    assert [r["identities"] for r in res["readback"]["runs"]] == [BUSY_N + 1]
+
+
+def test_busy_section_is_written_once_into_the_report(busy: tuple[dict[str, Any], int], tmp_path: Path) -> None:
+    res, _ = busy
+    md = tmp_path / "BENCHMARKS.md"
+    md.write_text("# natgw-agent benchmarks\n\n## Correctness checks made during this run\n\n1 checks passed, 0 failed.\n")
+    results = tmp_path / "busy.json"
+    results.write_text(json.dumps(res))
+    for _ in range(2):  # written again, it replaces itself
+        assert report.main(["--busy", str(results), str(tmp_path / "missing.json"), "--out", str(md)]) == 0
+    text = md.read_text()
+    assert text.count(report.BUSY_HEADING) == 1 and text.startswith("# natgw-agent benchmarks\n")
+    assert "1 checks passed, 0 failed." in text
+    section = report.busy_section_of(text)
+    rows = [line for line in section.splitlines() if line.startswith("| ")]
+    assert len(rows) == 1 + 13  # the header and one row per measurement
+    assert all(line.count(" | ") == 2 for line in rows)  # measurement, target, one system
+    assert "repair: flushed chain" in section and "FAILED" not in section
+
+
+def test_busy_left_no_namespace_behind(busy: tuple[dict[str, Any], int]) -> None:
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    assert not [line for line in listed.splitlines() if line.startswith(f"nb{busy[0]['pid']}-")]
