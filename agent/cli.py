@@ -12,16 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from kubernetes.client import ApiClient, Configuration
 
 from agent import log as logsetup
-from agent.dirsource import DirectorySource
 from agent.errors import ApplyError
-from agent.events import EventRecorder
 from agent.health import Health, serve
 from agent.kernel import KernelView
-from agent.kubesource import KubeSource
-from agent.loop import Source, run_loop
+from agent.loop import Source, StopEvent, run_loop
 from agent.metrics import Metrics
 from agent.nft import IDENTIFIER, Nft
 from agent.plan import document, one_transaction, plan
@@ -83,6 +79,9 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--state-dir", type=Path, default=Settings.state_dir,
                       help="where the running agent's status socket is (its capabilities and problems)")
     show.add_argument("--identity", help="only this identity, as EIP:PORT/PROTO (e.g. 172.18.0.10:80/tcp)")
+    show.add_argument("--memory", action="store_true",
+                      help="the running agent's memory instead: resident, peak, malloc's heap, and Python's objects "
+                           "by file when it runs with PYTHONTRACEMALLOC=1 (JSON)")
     sub.add_parser("cleanup", help="remove everything the agent owns (its table); nothing else is touched")
     health = sub.add_parser("health", help="ask the running agent (exec probes): exit 0 if ready or live, 1 if not")
     which = health.add_mutually_exclusive_group(required=True)
@@ -130,6 +129,13 @@ def main(argv: list[str] | None = None) -> int:
         return _health(args.state_dir / "agent.sock", "ready" if args.ready else "live", args.timeout)
     if args.command == "inject":
         return _inject(args)
+    if args.command == "show" and args.memory:
+        try:
+            print(json.dumps(query(args.state_dir / "agent.sock", "memory", timeout=30.0), indent=2))
+        except (OSError, ValueError) as err:
+            print(f"natgw-agent: no agent answered at {args.state_dir / 'agent.sock'}: {err}", file=sys.stderr)
+            return 1
+        return 0
     if args.command == "show":
         try:
             found = inspect(KernelView("ip", args.table, subscribe=False), args.identity)
@@ -151,7 +157,15 @@ def main(argv: list[str] | None = None) -> int:
                             "take_over_legacy": args.take_over_legacy, "state_dir": args.state_dir}
                            if args.command == "run" else {}))
     api = None if settings.from_dir is not None else _api_client(settings)
-    source: Source = DirectorySource(settings.from_dir) if api is None else KubeSource(api, settings.watch)
+    source: Source
+    if api is None:
+        from agent.dirsource import DirectorySource  # and PyYAML with it: 1 MB the Kubernetes path does without
+
+        source = DirectorySource(settings.from_dir, settings.poll_interval)
+    else:
+        from agent.kubesource import KubeSource  # the kubernetes client only where it is used: ~16 MB
+
+        source = KubeSource(api, settings.watch)
     if args.command in ("render", "diff"):
         return _render(settings, source, wait=0 if api is None else 30, mode=args.command, text=getattr(args, "text", False))
     return _run(settings, source, api)
@@ -212,30 +226,20 @@ def _inject(args: argparse.Namespace) -> int:
     return 0
 
 
-def _api_client(settings: Settings) -> ApiClient:
-    from kubernetes import config
-    from kubernetes.config.incluster_config import InClusterConfigLoader
+def _api_client(settings: Settings) -> Any:
+    from agent.kubeapi import api_client  # the kubernetes client only where it is used: ~10 MB
 
-    if settings.kubeconfig is not None:
-        return config.new_client_from_config(config_file=str(settings.kubeconfig))
-    configuration = Configuration()
-    if settings.token_dir is not None:  # the token the injector mounts at a path of its own
-        InClusterConfigLoader(token_filename=str(settings.token_dir / "token"),
-                              cert_filename=str(settings.token_dir / "ca.crt")).load_and_set(configuration)
-    else:
-        config.load_incluster_config(client_configuration=configuration)
-    return ApiClient(configuration)
+    return api_client(settings.kubeconfig, settings.token_dir)
 
 
-def _check_crd(api: ApiClient, health: Health, events: EventRecorder | None, settings: Settings) -> None:
+def _check_crd(api: Any, health: Health, events: Any, settings: Settings) -> None:
     """Read the IptablesDnatRule CRD (from a thread of its own: the API may be slow) and
     stay not ready, loudly, when its schema lacks what the agent needs."""
-    from kubernetes import client
+    from agent.kubeapi import request
 
     log = structlog.get_logger()
     try:
-        found = client.ApiextensionsV1Api(api).read_custom_resource_definition(CRD_NAME, _request_timeout=(10, 20))
-        crd = api.sanitize_for_serialization(found)
+        crd = request(api, "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD_NAME}")
     except Exception as err:  # forbidden, absent, unreachable: say so and carry on
         log.warning("cannot read the CRD; carrying on without checking it", crd=CRD_NAME,
                     error=f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
@@ -277,15 +281,19 @@ def _render(settings: Settings, source: Source, wait: float, mode: str, text: bo
     return 0
 
 
-def _run(settings: Settings, source: Source, api: ApiClient | None) -> int:
-    stop = threading.Event()
+def _run(settings: Settings, source: Source, api: Any) -> int:
+    stop = StopEvent()
     for sig in (signal.SIGTERM, signal.SIGINT):
         # The rules stay in the kernel: the data plane outlives the process.
         signal.signal(sig, lambda *_: stop.set())
     log = structlog.get_logger()
     log.info("starting", gateway=settings.gateway, table=settings.table,
              source=str(settings.from_dir) if settings.from_dir else "kubernetes")
-    events = EventRecorder(api, settings.event_namespace, host=settings.gateway) if api is not None else None
+    events = None
+    if api is not None:
+        from agent.events import EventRecorder
+
+        events = EventRecorder(api, settings.event_namespace, host=settings.gateway)
     health = Health(settings.healthz_stale_after, settings.livez_wedged_after)
     metrics = Metrics()
     # Counters through a read-only view of their own (its own socket: another thread).

@@ -1,20 +1,27 @@
 """Directory source: every *.yaml, *.yml and *.json file in a directory holds objects as
 the Kubernetes API returns them (one object, several YAML documents, or a `kind: List`).
 
-Polled by stat signature, without inotify. A changed file is read once its signature has
-held still for one poll (an editor that truncates and then writes must not withdraw live
-rules for a moment), so an edit is seen within two poll intervals. A file that fails to
-parse keeps its last good content; a removed file withdraws its objects."""
+Once started, it follows the directory through inotify: a file closed after writing or
+renamed into place is read at once; one written in place and still open is read once its
+stat signature has held still for a poll interval (an editor that truncates and then
+writes must not withdraw live rules for a moment). Where inotify cannot be had (or the
+directory is removed), it falls back to polling by stat signature every poll interval,
+the same settle rule for every changed file. A file that fails to parse keeps its last
+good content; a removed file withdraws its objects."""
 from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
 import yaml
+
+from agent.inotify import COMPLETE, GONE_SELF, Inotify
+from agent.model import kind_and_name, slim
 
 log = structlog.get_logger()
 SUFFIXES = (".yaml", ".yml", ".json")
@@ -28,8 +35,12 @@ class _Stamp:
 
 
 class DirectorySource:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, poll_interval: float = 0.2) -> None:
         self.directory = Path(directory)
+        self.poll_interval = poll_interval
+        self._notify: Inotify | None = None
+        self._complete: set[str] = set()  # files inotify saw closed after writing, or renamed in
+        self._settling = False  # a changed file waits to hold still
         self._stamps: dict[str, _Stamp] = {}  # as loaded
         self._seen: dict[str, _Stamp] | None = None  # as scanned by the previous poll
         self._objects: dict[str, list[Any]] = {}
@@ -44,10 +55,28 @@ class DirectorySource:
         return self._seen is not None
 
     def start(self) -> None:
-        pass  # polled from the reconcile loop; no thread of its own
+        """Follow the directory through inotify (no thread: the loop sleeps on fileno())."""
+        try:
+            self._notify = Inotify(str(self.directory))
+        except OSError as err:
+            log.warning("no inotify on the rules directory; polling it", directory=str(self.directory),
+                        every_s=self.poll_interval, error=str(err))
 
     def stop(self) -> None:
-        pass
+        if self._notify is not None:
+            self._notify.close()
+            self._notify = None
+
+    def fileno(self) -> int | None:
+        """Readable when the directory changed (None: poll it)."""
+        return self._notify.fileno() if self._notify is not None else None
+
+    def next_poll(self) -> float | None:
+        """When poll() must be called again even if nothing is read: a file settling, or no
+        inotify (monotonic; None: not until the descriptor says so)."""
+        if self._notify is None or self._settling:
+            return time.monotonic() + self.poll_interval
+        return None
 
     def named(self, kind: str, name: str) -> list[Any]:
         return self._named.get((kind, name), [])
@@ -59,6 +88,15 @@ class DirectorySource:
 
     def poll(self) -> bool:
         """Re-read what changed since the last poll; True if anything did."""
+        if self._notify is not None:
+            for event in self._notify.read():
+                if event.mask & GONE_SELF:
+                    log.warning("rules directory gone; polling for it", directory=str(self.directory))
+                    self._notify.close()
+                    self._notify = None
+                    break
+                if event.mask & COMPLETE:
+                    self._complete.add(event.name)
         current = self._scan()
         if current is None:
             return False  # unreadable: keep serving what we had
@@ -68,10 +106,13 @@ class DirectorySource:
             self._replace(name, [])
             self._failed.pop(name, None)
             changed = True
+        self._settling = False
+        complete, self._complete = self._complete, set()
         for name, stamp in current.items():
             if self._stamps.get(name) == stamp:
                 continue
-            if self._seen is not None and self._seen.get(name) != stamp:
+            if self._seen is not None and self._seen.get(name) != stamp and name not in complete:
+                self._settling = True
                 continue  # still changing (or just appeared): read it on the next poll
             self._stamps[name] = stamp
             changed |= self._load(name)
@@ -111,7 +152,7 @@ class DirectorySource:
             self._failed[name] = reason
             return False
         self._failed.pop(name, None)
-        objects = [item for doc in docs for item in _items(doc)]
+        objects = [slim(item) for doc in docs for item in _items(doc)]
         if self._objects.get(name) == objects:
             return False
         self._replace(name, objects)
@@ -151,16 +192,10 @@ def _items(doc: Any) -> list[Any]:
     return [{"kind": item_kind, **i} if item_kind else i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
 
 
-def _key(obj: Any) -> tuple[str, str] | None:
-    meta = obj.get("metadata") if isinstance(obj, dict) else None
-    kind, name = obj.get("kind") if isinstance(obj, dict) else None, meta.get("name") if isinstance(meta, dict) else None
-    return (kind, name) if isinstance(kind, str) and isinstance(name, str) and name else None
-
-
 def _by_key(objects: list[Any]) -> dict[tuple[str, str], list[Any]]:
     found: dict[tuple[str, str], list[Any]] = {}
     for obj in objects:
-        key = _key(obj)
+        key = kind_and_name(obj)
         if key is not None:
             found.setdefault(key, []).append(obj)
     return found

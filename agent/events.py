@@ -12,15 +12,16 @@ from datetime import datetime, timezone
 from typing import Any
 
 import structlog
-from kubernetes import client
+
+from agent.kubeapi import request
 
 log = structlog.get_logger()
 COMPONENT = "natgw-agent"
 
 
 class EventRecorder:
-    def __init__(self, api: client.ApiClient, namespace: str, host: str, capacity: int = 1000) -> None:
-        self._core = client.CoreV1Api(api)
+    def __init__(self, api: Any, namespace: str, host: str, capacity: int = 1000) -> None:
+        self._api = api  # a kubernetes.client.ApiClient
         self._namespace = namespace
         self._host = host
         self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=capacity)
@@ -65,8 +66,9 @@ class EventRecorder:
     def _work(self) -> None:
         while (body := self._queue.get()) is not None:
             try:
-                self._core.create_namespaced_event(self._namespace, body)
+                request(self._api, "POST", f"/api/v1/namespaces/{self._namespace}/events", body)
                 self.sent += 1
             except Exception as err:  # the API may be down; an Event is not worth a retry storm
                 log.warning("event not recorded", name=body["involvedObject"]["name"],
                             reason=body["reason"], error=f"{type(err).__name__}: {err}")
+

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from agent import memory
 from agent.httpserve import BoundedServer, host_port, respond
 
 from agent.sdnotify import Notifier
@@ -70,16 +71,19 @@ class Health:
         return True, {"status": "ok"}
 
     def answer(self, capabilities: Any) -> Callable[[str], tuple[bool, dict[str, Any]]]:
-        """Answers for the status socket (agent/status.py): ready, live, status."""
+        """Answers for the status socket (agent/status.py): ready, live, status, memory."""
         def answer(query: str) -> tuple[bool, dict[str, Any]]:
             if query == "ready":
                 return self.readyz()
             if query == "live":
                 return self.livez()
+            if query == "memory":
+                return True, memory.usage()
             ready, why = self.readyz()
             return ready, {"ready": ready, "live": self.livez()[0], "healthy": self.healthz()[0], "pid": os.getpid(),
                            "reason": why.get("reason"), "problems": list(self.problems),
-                           "capabilities": capabilities.as_dict(), "lastError": self.last_error}
+                           "capabilities": capabilities.as_dict(), "lastError": self.last_error,
+                           "memory": memory.resident()}
         return answer
 
 

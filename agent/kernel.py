@@ -22,7 +22,7 @@ from typing import Any, Callable, Collection, Iterable
 from agent import nfnetlink as nl
 from agent import nftread as nr
 from agent.layout import Counters, affinity_slot, backend_counters, backend_slot
-from agent.ruleset import Elem, ElemKey, Ruleset
+from agent.ruleset import Elem, ElemKey, Ruleset, element
 
 _OBJECT_NAME = {nr.NEWCHAIN: nr.CHAIN_NAME, nr.DELCHAIN: nr.CHAIN_NAME, nr.NEWRULE: nr.RULE_CHAIN,
                 nr.DELRULE: nr.RULE_CHAIN, nr.NEWSET: nr.SET_NAME, nr.DELSET: nr.SET_NAME,
@@ -113,7 +113,7 @@ class KernelView:
     _sub: nl.Subscriber | None = field(init=False, repr=False)
     _own: set[int] = field(init=False, repr=False)
     _carried: list[nl.Message] = field(init=False, repr=False, default_factory=list)
-    state: nr.TableState | None = field(init=False, repr=False, default=None)
+    _overrun: bool = field(init=False, repr=False, default=False)
 
     def __post_init__(self) -> None:
         self._sub = nl.Subscriber() if self.subscribe else None  # first: nothing committed from now on goes unseen
@@ -133,32 +133,48 @@ class KernelView:
     def read(self) -> Ruleset | None:
         """The whole table, consistent as of one generation (None: there is none). What
         was pending before is superseded; commits after it are kept for damage()."""
+        state = self.read_state()
+        return None if state is None else state.ruleset()
+
+    def read_state(self) -> nr.TableState | None:
+        """read(), with the counters and dynamic sets' entries too (for `show`). Not kept:
+        the reconciler's mirror is the one copy of the table the agent holds."""
+        self._own |= nl.own_portids()  # libnftables' socket, opened since (~1 ms)
         if self._sub is not None:
-            self._sub.drain()
+            self._sub.drain(skip=self._own)  # superseded by the read, as is what keep_up() kept
+        self._carried, self._overrun = [], False
         state = nr.read_table(self.family, self.table, sock=self._sock, subscriber=self._sub)
         if state is not None:
-            self._carried = _after(state.notifications, state.generation)
-        self.state = state
-        return None if state is None else state.ruleset()
+            self._carried = [m for m in _after(state.notifications, state.generation) if m.portid not in self._own]
+        return state
 
     def read_other(self, table: str) -> Ruleset | None:
         """Another table, read-only (the legacy one, for --take-over-legacy)."""
         state = nr.read_table(self.family, table, sock=self._sock)
         return None if state is None else state.ruleset()
 
+    def keep_up(self) -> None:
+        """Read the notifications waiting now (the agent's own dropped unread), so a long
+        run of the agent's own transactions cannot overflow the socket; what others sent
+        waits for damage()."""
+        if self._sub is not None:
+            drained = self._sub.drain(skip=self._own)
+            self._carried.extend(drained.messages)
+            self._overrun = self._overrun or drained.overrun
+
     def damage(self) -> Damage:
         """What others changed since the last look (nothing: NONE)."""
         assert self._sub is not None, "a read-only view follows no changes"
-        drained = self._sub.drain()
+        drained = self._sub.drain(skip=self._own)
         messages = [*self._carried, *drained.messages]
-        self._carried = []
-        found, unknown = damage_of(messages, self.family, self.table, self._own, self.also, drained.overrun)
+        overrun, self._carried, self._overrun = drained.overrun or self._overrun, [], False
+        found, unknown = damage_of(messages, self.family, self.table, self._own, self.also, overrun)
         if unknown:
             # A socket of ours opened since (libnftables opens its socket at its first
             # command): learn our port ids again, once, before calling it someone else's.
             self._own |= nl.own_portids()
             if unknown & self._own:
-                found, _ = damage_of(messages, self.family, self.table, self._own, self.also, drained.overrun)
+                found, _ = damage_of(messages, self.family, self.table, self._own, self.also, overrun)
         return found
 
     def reread(self, damage: Damage, mirror: Ruleset) -> Ruleset:
@@ -171,7 +187,7 @@ class KernelView:
 
     def _elements(self, name: str) -> dict[ElemKey, Elem] | None:
         found = nr.read_set(self.family, self.table, name, sock=self._sock)
-        return None if found is None else {e.key: Elem(e.value, e.comment) for e in found}
+        return None if found is None else {e.key: element(e.value, e.comment) for e in found}
 
     def declaration(self, name: str) -> dict[str, Any] | None:
         """One set's declaration as the kernel holds it (None: no such set)."""
@@ -193,7 +209,7 @@ class KernelView:
             if backend_slot(name) is None:
                 continue
             found = nr.read_set(self.family, self.table, name, sock=self._sock) or ()
-            elements[name] = {e.key: Elem(e.value, e.comment) for e in found}
+            elements[name] = {e.key: element(e.value, e.comment) for e in found}
             counters[name] = {e.key: e.counter for e in found if e.counter is not None}
         return backend_counters(elements, counters)
 

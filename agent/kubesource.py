@@ -14,19 +14,18 @@ from __future__ import annotations
 
 import random
 import threading
-from typing import Any
+import time
+from typing import Any, Callable
 
 import structlog
-from kubernetes import client, watch
-from kubernetes.client.rest import ApiException
 
 from agent.backoff import Backoff
+from agent.kubeapi import ApiClient, ApiException, Watch, lister
+from agent.model import slim
 from agent.settings import WatchSettings
 
 log = structlog.get_logger()
 
-GROUP = "kubeovn.io"
-VERSION = "v1"
 RULES = "iptables-dnat-rules"
 EIPS = "iptables-eips"
 KINDS = {RULES: "IptablesDnatRule", EIPS: "IptablesEIP"}
@@ -37,8 +36,8 @@ class _Expired(Exception):
 
 
 class KubeSource:
-    def __init__(self, api: client.ApiClient, settings: WatchSettings | None = None) -> None:
-        self._api = client.CustomObjectsApi(api)
+    def __init__(self, api: ApiClient, settings: WatchSettings | None = None) -> None:
+        self._listers = {plural: lister(api, plural) for plural in (RULES, EIPS)}
         self._settings = settings or WatchSettings()
         self._lock = threading.Lock()
         self._store: dict[str, dict[str, Any]] = {RULES: {}, EIPS: {}}
@@ -46,13 +45,16 @@ class KubeSource:
         self._changed = False
         self._changes: set[tuple[str, str]] | None = None  # since the last take; None: all
         self._stop = threading.Event()
-        self._watches: dict[str, watch.Watch] = {}
+        self._watches: dict[str, Watch] = {}
         self._versions: dict[str, str | None] = {}  # per resource: last resourceVersion seen
         self._watched: set[str] = set()
         self._threads = [threading.Thread(target=self._run, args=(plural,), name=f"watch-{plural}", daemon=True)
                          for plural in (RULES, EIPS)]
         self.relists = 0  # lists after the first ones (410 or failure), for tests and metrics
         self.restarts = 0  # watch streams started after the first one
+        self._wake: Callable[[], None] = lambda: None
+        self._first_at: float | None = None  # when the oldest change not yet polled arrived
+        self.changed_at: float | None = None  # ... of the changes the last poll() reported
 
     # The reconcile loop's side (see reconcile.Source).
 
@@ -62,10 +64,21 @@ class KubeSource:
         with self._lock:
             return len(self._listed) == 2
 
+    def attach(self, wake: Callable[[], None]) -> None:
+        """Call `wake` (from the watch threads) whenever the store changed."""
+        self._wake = wake
+
     def poll(self) -> bool:
         with self._lock:
             changed, self._changed = self._changed, False
+            self.changed_at, self._first_at = self._first_at, None
             return changed
+
+    def _changed_now(self) -> None:
+        """Under the lock: the store changed."""
+        self._changed = True
+        if self._first_at is None:
+            self._first_at = time.time()
 
     def take_changes(self) -> set[tuple[str, str]] | None:
         """(kind, name) of the objects changed since the last call; None (evaluate
@@ -104,6 +117,8 @@ class KubeSource:
             try:
                 if self._versions.get(plural) is None:
                     self._list(plural)
+                if self._stop.is_set():
+                    return  # stopped while listing: no watch to start (stop() could not end it)
                 self._watch(plural)
                 backoff.reset()
             except _Expired:
@@ -117,23 +132,46 @@ class KubeSource:
                     return
 
     def _list(self, plural: str) -> None:
-        answer = self._api.list_cluster_custom_object(
-            GROUP, VERSION, plural, _request_timeout=(self._settings.connect_timeout, self._settings.inactivity_timeout))
-        items = {o["metadata"]["name"]: _with_kind(plural, o) for o in answer.get("items", [])}
+        """List in pages of settings.list_page_size, as client-go's reflector does (500):
+        a 40,000-rule list in one answer is ~60 MB of JSON held whole by the client, and
+        its decoded objects several times that, at once. The pages are one consistent list
+        (one resourceVersion, by their continue tokens); a token that expires mid-list
+        (410) starts the list again."""
+        items: dict[str, Any] = {}
+        token: str | None = None
+        timeout = (self._settings.connect_timeout, self._settings.inactivity_timeout)
+        while True:
+            extra = {"_continue": token} if token else {}
+            try:
+                answer = self._listers[plural](limit=self._settings.list_page_size, _request_timeout=timeout, **extra)
+            except ApiException as err:
+                if err.status == 410 and token:
+                    log.info("list expired between pages; listing again", resource=plural, objects_so_far=len(items))
+                    items, token = {}, None
+                    continue
+                raise
+            for o in answer.get("items") or ():
+                items[o["metadata"]["name"]] = _with_kind(plural, o)
+            meta = answer.get("metadata") or {}
+            token = meta.get("continue")
+            del answer  # the page's whole objects: free before the next one arrives
+            if not token:
+                break
         with self._lock:
             if plural in self._listed:
                 self.relists += 1
                 self._changes = None  # whatever the gap hid: evaluate everything
             self._listed.add(plural)
-            if items != self._store[plural]:
-                self._changed = True
+            if items != self._store[plural] or len(self._listed) == 2:
+                self._changed_now()
             self._store[plural] = items
-        self._versions[plural] = str(answer["metadata"]["resourceVersion"])
+        self._wake()
+        self._versions[plural] = str(meta["resourceVersion"])
         log.info("listed", resource=plural, objects=len(items), resource_version=self._versions[plural])
 
     def _watch(self, plural: str) -> None:
         """Follow one watch stream from the last resourceVersion seen, until it ends."""
-        w = watch.Watch()
+        w = Watch()
         self._watches[plural] = w
         timeout = int(self._settings.server_timeout * random.uniform(1.0, 2.0))
         if plural in self._watched:
@@ -141,7 +179,7 @@ class KubeSource:
         self._watched.add(plural)
         try:
             stream = w.stream(
-                self._api.list_cluster_custom_object, GROUP, VERSION, plural,
+                self._listers[plural],
                 resource_version=self._versions[plural], allow_watch_bookmarks=True, timeout_seconds=timeout,
                 _request_timeout=(self._settings.connect_timeout, self._settings.inactivity_timeout),
             )
@@ -175,12 +213,13 @@ class KubeSource:
                     return
             else:
                 self._store[plural][name] = _with_kind(plural, obj)
-            self._changed = True
+            self._changed_now()
             if self._changes is not None:
                 self._changes.add((KINDS[plural], name))
+        self._wake()
 
 
 def _with_kind(plural: str, obj: dict[str, Any]) -> dict[str, Any]:
     # List items of custom resources carry their kind, but nothing downstream should
-    # depend on the server filling it in.
-    return obj if obj.get("kind") else {**obj, "kind": KINDS[plural]}
+    # depend on the server filling it in. Kept slim: only what the model reads.
+    return slim(obj if obj.get("kind") else {**obj, "kind": KINDS[plural]})

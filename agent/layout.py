@@ -118,14 +118,16 @@ def backend_of(elem: Elem) -> Backend | None:
     """The backend in a backend map element; None for anything else (a read-back of a
     table someone altered), which the next plan then replaces."""
     value = elem.value
-    pair = value.get("concat") if isinstance(value, dict) else None
-    if isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str) and isinstance(pair[1], int):
-        return Backend(pair[0], pair[1])
+    if type(value) is Backend:
+        return value
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str) and isinstance(value[1], int):
+        return Backend(value[0], value[1])
     return None
 
 
-def backend_value(backend: Backend) -> dict[str, Any]:
-    return {"concat": [backend.ip, backend.port]}
+def backend_value(backend: Backend) -> Backend:
+    """A backend map element: the backend itself, its data without a comment (ruleset.Elem)."""
+    return backend
 
 
 def slots_of(ruleset: Ruleset) -> Slots:

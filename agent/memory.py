@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
-from typing import Iterator
+import tracemalloc
+from pathlib import Path
+from typing import Any, Iterator
 
 
 @contextlib.contextmanager
@@ -45,3 +47,63 @@ def no_fastbins() -> None:
         libc.mallopt(1, 0)  # M_MXFAST = 1
     except (OSError, AttributeError):  # not glibc: nothing to tune
         pass
+
+
+def trim() -> None:
+    """Give the heap's free memory back to the kernel (glibc's malloc_trim): after a large
+    transaction glibc keeps the ~135 MB libnftables used for 50,000 elements (measured:
+    328 -> 193 MB resident at 10,000 identities x 4)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (musl returns memory on its own)
+        pass
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+def usage(top: int = 12) -> dict[str, Any]:
+    """Where the process's memory is, for `natgw-agent show --memory` and the benchmark:
+    resident and peak (the kernel's word), glibc's heap (in use, free but kept, mmapped),
+    and, when the agent runs with PYTHONTRACEMALLOC=1, Python's objects by the file that
+    allocated them. Tracing costs memory and a snapshot takes ~1 s at 10,000 identities:
+    for finding where memory goes, not for production."""
+    out: dict[str, Any] = resident(("VmRSS", "VmHWM", "RssAnon", "RssFile"))
+    try:
+        info = ctypes.CDLL(None).mallinfo2
+        info.restype = _Mallinfo2
+        m = info()
+        out["malloc"] = {"heap_kib": m.arena // 1024, "in_use_kib": m.uordblks // 1024,
+                         "free_kib": m.fordblks // 1024, "mmapped_kib": m.hblkhd // 1024}
+    except (OSError, AttributeError):  # not glibc >= 2.33
+        out["malloc"] = None
+    if tracemalloc.is_tracing():
+        current, peak = tracemalloc.get_traced_memory()
+        snapshot = tracemalloc.take_snapshot()
+        out["python"] = {"traced_kib": current // 1024, "traced_peak_kib": peak // 1024,
+                         "by_file": [{"file": _short(s.traceback[0].filename), "kib": s.size // 1024, "blocks": s.count}
+                                     for s in snapshot.statistics("filename")[:top]],
+                         "by_line": [{"line": f"{_short(s.traceback[0].filename)}:{s.traceback[0].lineno}",
+                                      "kib": s.size // 1024, "blocks": s.count}
+                                     for s in snapshot.statistics("lineno")[:2 * top]]}
+    return out
+
+
+def resident(fields: tuple[str, ...] = ("VmRSS", "VmHWM")) -> dict[str, int | None]:
+    """The kernel's account of this process (KiB): resident now (VmRSS), at its peak
+    (VmHWM), anonymous and file-backed parts."""
+    status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+    names = {"VmRSS": "rss_kib", "VmHWM": "peak_kib", "RssAnon": "anon_kib", "RssFile": "file_kib"}
+    return {names[f]: int(status[f].split()[0]) if f in status else None for f in fields}
+
+
+def _short(filename: str) -> str:
+    """A module's path from its package (site-packages/kubernetes/... -> kubernetes/...)."""
+    parts = Path(filename).parts
+    for marker in ("site-packages", "dist-packages"):
+        if marker in parts:
+            return "/".join(parts[parts.index(marker) + 1:])
+    return "/".join(parts[-2:])

@@ -22,6 +22,8 @@ log = structlog.get_logger()
 
 # Syncs take from under a millisecond (one change) to a few seconds (10,000 identities).
 _SYNC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+# The programming latency's: its targets (p50 5 ms, p99 20 ms at 10,000 identities) are bounds.
+_PROGRAMMING_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30)
 
 
 class Metrics:
@@ -37,7 +39,7 @@ class Metrics:
                                  "When the oldest change not yet in the kernel was seen (unix time).", registry=r)
         self.programming = Histogram(
             "natgw_network_programming_duration_seconds",
-            "From a change seen by the source to the kernel holding it.", buckets=_SYNC_BUCKETS, registry=r)
+            "From a change received by the source to the kernel holding it.", buckets=_PROGRAMMING_BUCKETS, registry=r)
         self.failures = Counter("natgw_sync_failures_total",
                                 "Transactions the kernel refused and syncs that raised.", registry=r)
         self.identities = Gauge("natgw_identities", "Identities (EIP:port/proto) programmed.", registry=r)

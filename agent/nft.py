@@ -7,11 +7,11 @@ import hashlib
 import json
 import re
 import subprocess
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from agent.errors import ApplyError
 from agent.memory import no_fastbins
-from agent.plan import DECLARE, PREPARE, Plan
+from agent.plan import DECLARE, PART, PREPARE, Plan
 
 
 class Libnftables(Protocol):
@@ -92,11 +92,15 @@ class Nft:
         self._nft = backend if backend is not None else _Context()
         self.transactions = 0  # transactions committed (for tests and metrics)
 
-    def apply(self, plan: Plan) -> None:
+    def apply(self, plan: Plan, between: Callable[[], None] | None = None) -> None:
         """Send a plan, one transaction per phase, in order; raise ApplyError on failure
-        (`partial` when an earlier phase that changes the data plane had committed)."""
+        (`partial` when an earlier phase that changes the data plane had committed: the
+        deletes before a text declaration, or earlier identities of a chunked plan).
+        `between` is called after each phase but the last."""
         committed = False
-        for phase in plan.phases:
+        for n, phase in enumerate(plan.phases):
+            if n and between is not None:
+                between()
             try:
                 if phase.kind == DECLARE:
                     self._text("\n".join(text_declaration(c) for c in phase.commands), len(phase.commands))
@@ -105,7 +109,7 @@ class Nft:
             except ApplyError as err:
                 err.partial = committed
                 raise
-            committed |= phase.kind == PREPARE
+            committed |= phase.kind in (PREPARE, PART)
 
     def version(self) -> str:
         """nftables' version, as `nft --version` says (for the record only: what the agent

@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 from agent import nfnetlink as nl
 from agent.nfnetlink import MalformedError, Message, NetlinkError, NfSocket, Subscriber
-from agent.ruleset import Elem, Ruleset
+from agent.ruleset import Elem, Ruleset, data_json, element, goto
 
 Key = tuple[Any, ...]
 
@@ -332,7 +332,8 @@ def _verdict(buf: bytes) -> Any:
     a = nl.attrs(buf)
     code = nl.get_sbe32(a[VERDICT_CODE])
     if code in _CHAIN_VERDICTS and VERDICT_CHAIN in a:
-        value: Any = {_CHAIN_VERDICTS[code]: {"target": nl.get_str(a[VERDICT_CHAIN])}}
+        chain = nl.get_str(a[VERDICT_CHAIN])
+        value: Any = goto(chain) if code == -4 else {_CHAIN_VERDICTS[code]: {"target": chain}}
     elif code in _VERDICTS:
         value = {_VERDICTS[code]: None}
     else:
@@ -377,7 +378,7 @@ def _data(raw: bytes, kind: int, decode: Callable[[bytes], Key] | None) -> Any:
     if decode is None:
         return {"opaque": "data " + raw.hex()}
     parts = decode(raw)
-    return {"concat": list(parts)} if len(parts) > 1 else parts[0]
+    return parts if len(parts) > 1 else parts[0]  # concatenated data as a tuple (ruleset.Elem)
 
 
 def decode_elements(buf: bytes, start: int, end: int, info: SetInfo,
@@ -594,7 +595,7 @@ class _Rule:
             items.append((e.key[0], e.value))
         items.sort(key=lambda kv: kv[0])  # nft lists anonymous sets sorted
         if info.is_map:
-            return {"set": [[k, v] for k, v in items]}
+            return {"set": [[k, data_json(v)] for k, v in items]}
         return {"set": [k for k, _ in items]}
 
     def run(self, exprs: list[tuple[str, dict[int, bytes]]]) -> list[Any]:
@@ -932,7 +933,7 @@ def _assemble(family: int, table: str, set_msgs: list[Message], elem_msgs: Mappi
         if not elements:
             continue
         if info.is_map or info.flags & SET_OBJECT:
-            elems[name] = {e.key: Elem(e.value, e.comment) for e in found}
+            elems[name] = {e.key: element(e.value, e.comment) for e in found}
             if any(e.counter is not None for e in found):
                 counters[name] = {e.key: e.counter for e in found if e.counter is not None}
         else:

@@ -11,12 +11,13 @@ import json
 from dataclasses import dataclass
 from typing import Any, Collection, Iterable, Sequence
 
-from agent.ruleset import EMPTY, ElemKey, Ruleset, concat_data, key_json
+from agent.ruleset import EMPTY, ElemKey, Ruleset, concat_data, data_json, key_json
 
 Command = dict[str, Any]
 
 PREPARE = "prepare"  # deletes that must commit before a declaration in text: the data plane changes
 DECLARE = "declare"  # maps declared in nft text: empty and unreferenced until the main phase commits
+PART = "part"  # one of several transactions of a plan that only adds, each with whole identities
 MAIN = "main"
 
 
@@ -75,6 +76,52 @@ def plan(current: Ruleset | None, desired: Ruleset, family: str, table: str, tex
     add_table = {"add": {"table": {"family": family, "name": table}}}
     ordered = [c for i, c in enumerate(ordered) if c != add_table or add_table not in ordered[:i]]
     return one_transaction([_json_form(c) if needs_text(c) else c for c in ordered])
+
+
+def chunked(todo: Plan, max_elements: int) -> Plan:
+    """A plan that only adds (a table programmed from empty, or many new identities) with
+    more than `max_elements` map elements, sent as several transactions: the first with
+    every declaration, chain and rule and the first identities' elements, each next one
+    with more identities' elements, never part of an identity's (its services element and
+    its backends go together, so an identity is served whole or not at all). Why: while it
+    works libnftables holds ~2.7 KB per element (135 MB for 50,000, measured), which a
+    gateway's memory should not pay at once. Any plan that deletes or flushes stays one
+    transaction."""
+    if not todo.phases or todo.phases[-1].kind != MAIN:
+        return todo
+    main = todo.phases[-1].commands
+    if any(verb != "add" for c in main for verb in c) or element_count(main) <= max_elements:
+        return todo
+    head = [c for c in main if "element" not in c.get("add", {})]
+    by_key: dict[str, list[tuple[int, Any]]] = {}  # identity key (as JSON) -> (command index, entry)
+    for i, c in enumerate(main):
+        for entry in c.get("add", {}).get("element", {}).get("elem", ()):
+            by_key.setdefault(json.dumps(_key_of(entry), sort_keys=True), []).append((i, entry))
+    parts: list[list[tuple[int, Any]]] = [[]]
+    for entries in by_key.values():
+        if parts[-1] and len(parts[-1]) + len(entries) > max_elements:
+            parts.append([])
+        parts[-1].extend(entries)
+    phases = list(todo.phases[:-1])
+    for n, part in enumerate(parts):
+        grouped: dict[int, list[Any]] = {}
+        for i, entry in part:
+            grouped.setdefault(i, []).append(entry)
+        commands = [{"add": {"element": {**main[i]["add"]["element"], "elem": grouped[i]}}} for i in sorted(grouped)]
+        phases.append(Phase(PART if n < len(parts) - 1 else MAIN, tuple([*head, *commands] if n == 0 else commands)))
+    return Plan(todo.commands, tuple(phases))
+
+
+def element_count(commands: Sequence[Command]) -> int:
+    """Map and set elements the commands add."""
+    return sum(len(c.get("add", {}).get("element", {}).get("elem", ())) for c in commands)
+
+
+def _key_of(entry: Any) -> Any:
+    """An element entry's key: [key, data] for a map, the key for a set; a key with a
+    comment is {"elem": {"val": key, ...}}."""
+    key = entry[0] if isinstance(entry, list) else entry
+    return key["elem"]["val"] if isinstance(key, dict) and "elem" in key else key
 
 
 def needs_text(command: Command) -> bool:
@@ -153,7 +200,7 @@ def _commands(current: Ruleset | None, desired: Ruleset, family: str, table: str
             cmds.append({"delete": {"element": {**ref, "name": name, "elem": gone}}})
     for name, elements in desired.elements.items():
         old = current.elements.get(name)
-        new = [[{"elem": {"val": key(k), "comment": e.comment}} if e.comment else key(k), e.value]
+        new = [[{"elem": {"val": key(k), "comment": e.comment}} if e.comment else key(k), data_json(e.value)]
                for k, e in elements.items() if not old or old.get(k) != e]
         if new:
             cmds.append({"add": {"element": {**ref, "name": name, "elem": new}}})

@@ -17,13 +17,13 @@ from agent.kernel import Damage
 from agent.layout import affinity_set, identity_key
 from agent.leftovers import Leftovers, leftovers
 from agent.legacy import LEGACY_TABLE, takeover_commands
-from agent.memory import gc_paused
+from agent.memory import gc_paused, trim
 from agent.model import Backend, Identity
 from agent.nft import Nft
-from agent.plan import Plan, one_transaction, plan, retire, stale_chains
+from agent.plan import Plan, chunked, element_count, one_transaction, plan, retire, stale_chains
 from agent.render import Change, Renderer
 from agent.report import Reporter
-from agent.ruleset import ElemKey, Ruleset, key_json, patched
+from agent.ruleset import EMPTY, ElemKey, Ruleset, key_json, patched
 from agent.settings import Settings
 
 log = structlog.get_logger()
@@ -125,8 +125,6 @@ class Reconciler:
             invalid=len(self.state.errors),
             flows_deleted=flows,
         )
-        if todo:
-            log.info("synced", **result.__dict__)
         return result
 
     def _commit(self, change: Change) -> None:
@@ -138,7 +136,8 @@ class Reconciler:
             self.mirror = patched(self.mirror, change.before, change.wanted)
 
     def _plan(self, current: Ruleset | None, wanted: Ruleset) -> Plan:
-        return plan(current, wanted, self.nft.family, self.nft.table, text_maps=not self.caps.json_concat_maps)
+        todo = plan(current, wanted, self.nft.family, self.nft.table, text_maps=not self.caps.json_concat_maps)
+        return chunked(todo, self.settings.max_transaction_elements)
 
     def _legacy_takeover(self) -> list[dict[str, Any]]:
         if not self.settings.take_over_legacy:
@@ -146,8 +145,15 @@ class Reconciler:
         return takeover_commands(self._legacy, (identity_key(i) for i in self.state.services), self.nft.family)
 
     def _apply(self, todo: Plan) -> None:
-        if todo:
-            self.nft.apply(todo)
+        if not todo:
+            return
+        try:
+            # Between the transactions of a chunked plan the view reads the notifications
+            # they caused: 100,000 at once (20,000 identities) overflowed its socket.
+            self.nft.apply(todo, getattr(self.view, "keep_up", None))
+        finally:
+            if len(todo.phases) > 1 or element_count(todo.commands) > 1000:
+                trim()  # what libnftables used for a large transaction goes back to the kernel
 
     def check_drift(self) -> bool:
         """Repair what others changed in the agent's table since the last look, as the
@@ -168,10 +174,12 @@ class Reconciler:
         if not damage.ours():
             return False
         if damage.everything:
+            # The table as a whole, compared with the mirror: what differs is repaired, the
+            # mirror stays (the read-back is dropped: the agent holds one copy of the table).
             log.warning("drift: the kernel's table changed beyond what its notifications say; reading it back")
-            self._full = True
-            return True
-        current = self.view.reread(damage, self.mirror)
+            current = self.view.read()
+        else:
+            current = self.view.reread(damage, self.mirror)
         repair = self._plan(current, self.mirror)
         if not repair:
             return False
@@ -184,9 +192,17 @@ class Reconciler:
             self._full = True
             return True
         now = time.monotonic()
-        for name in stale_chains(current, self.mirror):
+        for name in stale_chains(current or EMPTY, self.mirror):
             self._retiring.setdefault(name, now)
         return False
+
+    def due(self) -> list[float]:
+        """When the reconciler has timed work next (monotonic): a chain to retire, stale
+        affinity entries to clear. Empty: nothing until something happens."""
+        at = [t + self.settings.retire_delay for t in self._retiring.values()]
+        if self._stale_affinity:
+            at.append(time.monotonic())
+        return [min(at)] if at else []
 
     def retire_chains(self) -> None:
         """Delete chains emptied at least retire_delay ago that are still unused."""

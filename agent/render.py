@@ -11,13 +11,13 @@ import itertools
 from collections import Counter
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Collection, Mapping
+from typing import Any, Collection, Mapping, NamedTuple
 
 from agent.desired import Service
 from agent.layout import (BACKEND_DATA, BASE_CHAIN, IDENTITY_TYPE, SERVICES, Slots, affinity_set, backend_map,
                           backend_value, held_slots, identity_key, pattern_chain, slot_chain, slots_of, sticky_chain)
 from agent.model import Backend, Identity
-from agent.ruleset import EMPTY, Elem, ElemKey, Ruleset, truncate_comment
+from agent.ruleset import EMPTY, Elem, ElemKey, Ruleset, goto, truncate_comment
 
 _DADDR = {"payload": {"protocol": "ip", "field": "daddr"}}
 _SADDR = {"payload": {"protocol": "ip", "field": "saddr"}}
@@ -33,14 +33,20 @@ class Shared:
     rules: tuple[dict[str, Any], ...] = ()
 
 
-@dataclass(frozen=True)
-class Pieces:
+class Pieces(NamedTuple):
     """What one identity puts into the table: one element (under its key) in each of
-    some maps, and the shared objects those elements lead to."""
+    some maps, and the shared objects those elements lead to. (Tuples: the renderer keeps
+    one per identity; a dict of its elements cost 3 MB more at 10,000.)"""
 
     key: ElemKey
-    elements: dict[str, Elem]  # map name -> this identity's element
+    names: tuple[str, ...]  # the maps holding its elements (the same tuple for every identity of a pattern)
+    elems: tuple[Elem, ...]  # its element in each of them, in that order
     shared: Mapping[str, Shared]  # the same (read-only) mapping for every identity of a pattern
+
+    @property
+    def elements(self) -> dict[str, Elem]:
+        """Map name -> this identity's element."""
+        return dict(zip(self.names, self.elems))
 
 
 @dataclass(frozen=True)
@@ -106,7 +112,7 @@ def _add_pieces(rs: Ruleset, pieces: Pieces, shared: bool = True) -> None:
     if shared:
         for name, definition in pieces.shared.items():
             _declare(rs, name, definition)
-    for name, elem in pieces.elements.items():
+    for name, elem in zip(pieces.names, pieces.elems):
         rs.elements[name][pieces.key] = elem
 
 
@@ -131,10 +137,15 @@ def render_service(service: Service, held: Mapping[Backend, int], affinity_set_s
     order = tuple(sorted(held.values()))
     timeout = service.timeout if service.affinity else None
     target = pattern_chain(order, timeout)
-    elements = {SERVICES: Elem({"goto": {"target": target}}, truncate_comment(service.rule_names))}
-    for backend, slot in held.items():
-        elements[backend_map(slot)] = Elem(backend_value(backend))
-    return Pieces(key, elements, _shared(order, timeout, affinity_set_size))
+    by_slot = sorted(held.items(), key=lambda item: item[1])
+    elems = (Elem(goto(target), truncate_comment(service.rule_names)), *(backend_value(b) for b, _ in by_slot))
+    return Pieces(key, _names(order), elems, _shared(order, timeout, affinity_set_size))
+
+
+@functools.lru_cache(maxsize=4096)
+def _names(order: tuple[int, ...]) -> tuple[str, ...]:
+    """The maps an identity with backends in these slots has elements in."""
+    return (SERVICES, *(backend_map(slot) for slot in order))
 
 
 class Renderer:
@@ -163,7 +174,7 @@ class Renderer:
         for identity in changed:
             old = self._pieces.get(identity)
             if old is not None:
-                for name, elem in old.elements.items():
+                for name, elem in zip(old.names, old.elems):
                     before.elements[name][old.key] = elem
                 usage.subtract(old.shared.keys())
             service = services.get(identity)
@@ -180,7 +191,7 @@ class Renderer:
             elif had > 0 and had + delta == 0:
                 _undeclare(wanted, name)
         for new in pieces.values():
-            for name, elem in new.elements.items():
+            for name, elem in zip(new.names, new.elems):
                 wanted.elements[name][new.key] = elem
         return Change(False, before, wanted, pieces, frozenset(changed), usage)
 

@@ -10,10 +10,42 @@ ElemKey = tuple[Any, ...]  # an element's key, e.g. ("172.18.0.10", "tcp", 80)
 
 
 class Elem(NamedTuple):
-    """One map element's data and comment. (A tuple: 50,000 of them on a full sync.)"""
+    """One map element's data and comment. (A tuple: 50,000 of them on a full sync.)
 
-    value: Any  # {"concat": ["10.0.1.11", 8080]} or {"goto": {"target": chain}}
+    The data in a form that costs little and compares by meaning: concatenated data as a
+    tuple (a backend is its Backend, ("10.0.1.11", 8080), the very object the service
+    holds), a verdict as nft's JSON shared by every element with that verdict (goto()).
+    data_json() gives the JSON nft takes. Measured at 10,000 identities x 4: {"concat":
+    [ip, port]} dicts per element and a verdict dict per services element cost 15 MB.
+
+    An element without a comment whose data is a concatenation is not wrapped: the data
+    tuple is its own element (Data, or the Backend itself: both answer .value and
+    .comment), 2.9 MB less at 10,000 x 4. element() picks the form; build every element
+    with it, so that == compares meanings."""
+
+    value: Any  # ("10.0.1.11", 8080), or {"goto": {"target": chain}} (shared: never change one)
     comment: str | None = None
+
+
+class Data(tuple):  # type: ignore[type-arg]
+    """Concatenated data read back, without a comment: its own element (see Elem)."""
+
+    __slots__ = ()
+
+    @property
+    def value(self) -> Data:
+        return self
+
+    @property
+    def comment(self) -> None:
+        return None
+
+
+def element(value: Any, comment: str | None = None) -> Any:
+    """The element of this data and comment, in its one form (see Elem)."""
+    if comment is None and isinstance(value, tuple):
+        return value if hasattr(value, "comment") else Data(value)
+    return Elem(value, comment)
 
 
 @dataclass(frozen=True)
@@ -41,6 +73,36 @@ def concat_data(decl: Mapping[str, Any]) -> bool:
 
 def key_json(key: ElemKey) -> Any:
     return {"concat": list(key)} if len(key) > 1 else key[0]
+
+
+def data_json(value: Any) -> Any:
+    """An element's data as nft JSON (a tuple is a concatenation)."""
+    return {"concat": list(value)} if isinstance(value, tuple) else value
+
+
+_GOTOS: dict[str, dict[str, Any]] = {}
+
+
+def goto(target: str) -> dict[str, Any]:
+    """{"goto": {"target": target}}, one shared dict per chain (a few dozen chains serve
+    10,000 elements). Never change the dict returned."""
+    found = _GOTOS.get(target)
+    if found is None:
+        found = {"goto": {"target": target}}
+        if len(_GOTOS) < 4096:  # chains read back from an altered table are not kept forever
+            _GOTOS[target] = found
+    return found
+
+
+def data_of(value: Any) -> Any:
+    """Element data from nft JSON into Elem's form."""
+    if isinstance(value, dict):
+        if "concat" in value and isinstance(value["concat"], list):
+            return tuple(value["concat"])
+        target = value.get("goto", {}).get("target") if len(value) == 1 else None
+        if isinstance(target, str) and len(value["goto"]) == 1:
+            return goto(target)
+    return value
 
 
 def from_listing(listing: Mapping[str, Any]) -> Ruleset:
@@ -73,7 +135,7 @@ def _parse_elem(item: Any) -> tuple[ElemKey, Elem]:
         comment = raw_key["elem"].get("comment")
         raw_key = raw_key["elem"]["val"]
     key = tuple(raw_key["concat"]) if isinstance(raw_key, dict) and "concat" in raw_key else (raw_key,)
-    return key, Elem(value, comment)
+    return key, element(data_of(value), comment)
 
 
 def patched(rs: Ruleset, before: Ruleset, after: Ruleset) -> Ruleset:

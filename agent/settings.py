@@ -21,6 +21,10 @@ class WatchSettings:
     """Seconds without a byte on a watch before it is treated as dead and resumed: longer
     than the server timeout, so it only fires when the stream is wedged."""
 
+    list_page_size: int = 500
+    """Objects per page of a list (limit/continue); client-go's reflector asks for 500.
+    Bounds what one answer costs in memory: ~1 MB of JSON at a time, not the whole list."""
+
     backoff_min: float = 0.8
     """First reconnect delay after a failure, in seconds (doubles, with jitter)."""
 
@@ -70,7 +74,17 @@ class Settings:
     so the agent binds NAT first for the identities it serves."""
 
     poll_interval: float = 0.2
-    """Seconds between checks of the rules directory for changes (edit-to-kernel < 1 s)."""
+    """Seconds between scans of the rules directory where inotify is unavailable, and how
+    long a file written in place (not closed, not renamed in) must hold still before it
+    is read."""
+
+    coalesce_window: float = 0.005
+    """Changes arriving together go in one transaction: after a change, the loop waits
+    while more keep coming (1 ms of quiet at a time), at most this long."""
+
+    idle_wakeup: float = 10.0
+    """Longest the loop sleeps with nothing due: its liveness heartbeat (and systemd's
+    watchdog, pinged at half its period)."""
 
     resync_interval: float = 3600.0
     """Seconds between full resyncs (kernel read back, plan against it), as kube-proxy does."""
@@ -84,6 +98,11 @@ class Settings:
     retire_delay: float = 1.0
     """Seconds an emptied chain waits before it is deleted in a transaction of its own
     (kernels before 6.2 may refuse to delete it in the batch that unlinks it)."""
+
+    max_transaction_elements: int = 10000
+    """Most map elements in one transaction of a plan that only adds (a table programmed
+    from empty): more go in further transactions, each with whole identities
+    (plan.chunked). libnftables holds ~2.7 KB per element while it works."""
 
     max_backends: int = 256
     """Most backends one identity may have; beyond it the identity is rejected as a whole."""

@@ -14,11 +14,12 @@ def inspect(view: KernelView, only: str | None = None) -> list[dict[str, Any]] |
     """Every identity the kernel serves (or the one named `only`, as EIP:PORT/PROTO), with
     its backends, their slots, counters and pinned clients; None if there is no table.
     One read of the table over netlink (elements, counters and affinity entries)."""
-    ruleset = view.read()
-    if ruleset is None or view.state is None:
+    state = view.read_state()
+    if state is None:
         return None
-    counters = backend_counters(view.state.elements, view.state.counters)
-    pinned = pinned_clients({name: [key for key, _ in entries] for name, entries in view.state.entries.items()})
+    ruleset = state.ruleset()
+    counters = backend_counters(state.elements, state.counters)
+    pinned = pinned_clients({name: [key for key, _ in entries] for name, entries in state.entries.items()})
     slots = slots_of(ruleset)
     found = []
     for identity, elem in served(ruleset):
@@ -78,5 +79,8 @@ def _agent_lines(agent: dict[str, Any] | None) -> str:
     lines = [f"agent: {'ready' if agent.get('ready') else 'NOT READY'}; nftables {caps.get('nft_version', '?')}"
              f" (JSON declares concatenated maps: {'yes' if caps.get('json_concat_maps') else 'no'},"
              f" destroy: {'yes' if caps.get('destroy') else 'no'}), kernel {caps.get('kernel', '?')}"]
+    mem = agent.get("memory") or {}
+    if mem.get("rss_kib") is not None:
+        lines.append(f"  memory: resident {mem['rss_kib'] / 1024:.0f} MB, peak {mem['peak_kib'] / 1024:.0f} MB")
     lines += [f"  problem: {p}" for p in agent.get("problems", [])]
     return "\n".join(lines) + "\n\n"

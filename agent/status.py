@@ -1,5 +1,5 @@
 """The agent's status on a unix socket: `natgw-agent health` and `show` ask it, nothing
-on the network does. One line in ("ready", "live", "status"), one JSON document out,
+on the network does. One line in ("ready", "live", "status", "memory"), one JSON document out,
 from a thread of its own that never touches the kernel, so an answer takes well under a
 second even while a sync runs."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Callable
 import structlog
 
 log = structlog.get_logger()
-QUERIES = ("ready", "live", "status")
+QUERIES = ("ready", "live", "status", "memory")
 Answer = Callable[[str], tuple[bool, dict[str, Any]]]
 
 

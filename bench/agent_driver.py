@@ -102,7 +102,7 @@ def _kernel_view(kernel: KernelView, index: dict[tuple[str, str, int], int]) -> 
         for key, elem in elements.items():
             i = index.get((str(key[0]), str(key[1]), int(key[2])))
             if i is not None:
-                by_identity.setdefault(i, []).append(str(elem.value["concat"][0]))
+                by_identity.setdefault(i, []).append(str(elem.value[0]))  # data: (ip, port)
     return {"identities": len(services), "backends": sum(len(v) for v in by_identity.values()), "by_identity": by_identity}
 
 

@@ -265,8 +265,8 @@ def pin_script(eip: str, port: int) -> str:
 
 def repairs(agent: Agent, probe: Probe, cases: dict[str, dict[str, Any]], reps: int) -> dict[str, Any]:
     """Each damage `reps` times. A random pause before each, so that the damage falls at
-    any point of the agent's loop (it looks every poll_interval, 0.2 s), not always at
-    the same one: this loop's own rhythm would otherwise lock onto the agent's."""
+    any point of the agent's work (it wakes on the kernel's change notification, and may
+    be busy with the neighbour's), not always at the same one."""
     jitter = random.Random(11)
     out: dict[str, Any] = {}
     for name, case in cases.items():

@@ -39,7 +39,7 @@ from agent import nfnetlink as nl
 from agent import nftread as nr
 from agent.kernel import KernelView
 from agent.nfnetlink import NetlinkError, NfSocket
-from agent.ruleset import Elem, Ruleset
+from agent.ruleset import Elem, Ruleset, element
 
 FAMILY, TABLE = "ip", "natgw"
 POLL_INTERVAL = 0.01  # between the end of one poll and the start of the next
@@ -80,7 +80,7 @@ class Probe:
             return None
         found = [e for t, x, y in nl.iter_attrs(m.buf, m.start, m.end) if t == nr.ELIST_ELEMENTS
                  for e in nr.decode_elements(m.buf, x, y, info)]
-        return next((Elem(e.value, e.comment) for e in found if e.key == tuple(key)), None)
+        return next((element(e.value, e.comment) for e in found if e.key == tuple(key)), None)
 
     def _partial_equal(self, watch: list[tuple[str, tuple[str, str, int]]]) -> bool:
         """The damaged part (declarations, chains and rules, and the watched map
@@ -193,12 +193,12 @@ class Probe:
         view = KernelView(FAMILY, TABLE, subscribe=False)
         try:
             t0 = time.perf_counter()
-            rs = view.read()
+            state = view.read_state()
             seconds = time.perf_counter() - t0
         finally:
             view.close()
-        return {"seconds": seconds, "identities": len(rs.elements.get("services", {})) if rs is not None else 0,
-                "attempts": view.state.attempts if view.state is not None else None}
+        return {"seconds": seconds, "identities": len(state.elements.get("services", {})) if state is not None else 0,
+                "attempts": state.attempts if state is not None else None}
 
 
 def _entries(st: nr.TableState) -> dict[str, list[str]]:

@@ -2,7 +2,8 @@
 
 Identity i (0-based) is `172.18.<e // 250>.<e % 250 + 1>:<1000 + i % 100>/tcp` with
 e = i // 100: 100 ports per EIP, so 10,000 identities use 100 EIPs. Its 4 backends are
-`10.1.<k // 250>.<k % 250 + 1>:8080` for k = 4i .. 4i+3, all distinct. ClientIP runs give
+`10.1.<k // 250>.<k % 250 + 1>:8080` for k = 4i .. 4i+3, all distinct (from k = 62,500 on,
+10.11.x.y and up). ClientIP runs give
 every identity a 600 s timeout."""
 from __future__ import annotations
 
@@ -48,7 +49,11 @@ def _eip(e: int) -> str:
 
 
 def _backend_ip(k: int) -> str:
-    return f"10.1.{k // 250}.{k % 250 + 1}"
+    # 10.1.0.1 .. 10.1.249.250 for the first 62,500 backends (15,625 identities: every
+    # size measured before 20,000), then 10.11.x.y, 10.12.x.y, ... (10.2 and 10.3 are
+    # the changed backends' addresses).
+    octet = 1 if k < 62500 else 10 + k // 62500
+    return f"10.{octet}.{(k // 250) % 250}.{k % 250 + 1}"
 
 
 def identities(n: int, affinity: bool) -> list[Identity]:

@@ -68,6 +68,13 @@ class Agent:
     def nft(self, *args: str) -> str:
         return self.lab.run_in(self.lab.gw_ns, ["nft", *args], capture_output=True, text=True, check=True).stdout
 
+    def nft_transaction(self, commands: list[list[str]]) -> None:
+        """Several nft commands as one transaction (`nft -f -`): the agent repairs drift
+        within milliseconds, so damage done in separate commands is repaired between
+        them (and a later step, deleting a set the repair refilled a chain with, fails)."""
+        self.lab.run_in(self.lab.gw_ns, ["nft", "-f", "-"], input="\n".join(" ".join(c) for c in commands) + "\n",
+                        capture_output=True, text=True, check=True)
+
     def services(self) -> dict[tuple[Any, ...], str]:
         """The kernel's services map: identity key -> target chain."""
         out = self.lab.run_in(self.lab.gw_ns, ["nft", "-j", "list", "map", "ip", TABLE, SERVICES],
@@ -191,12 +198,12 @@ def kernel_table(lab: Lab, entries: bool = False) -> dict[str, Any] | None:
     commits every 100 ms: REFERENCE section 7). `static`: everything but the affinity
     entries, canonical; `entries`: set -> sorted keys."""
     code = ("import json, sys\nfrom agent.kernel import KernelView\n"
-            "v = KernelView('ip', sys.argv[1], subscribe=False)\nrs = v.read()\n"
+            "v = KernelView('ip', sys.argv[1], subscribe=False)\nst = v.read_state()\nrs = st and st.ruleset()\n"
             "print(json.dumps(None if rs is None else {\n"
             " 'identities': len(rs.elements.get('services', {})),\n"
             " 'static': repr((sorted(rs.sets.items()), sorted(rs.chains.items()), sorted(rs.rules.items()),\n"
             "                 sorted((n, sorted(e.items())) for n, e in rs.elements.items()))),\n"
-            " 'entries': {n: sorted(repr(k) for k, _ in e) for n, e in v.state.entries.items()}}))\n")
+            " 'entries': {n: sorted(repr(k) for k, _ in e) for n, e in st.entries.items()}}))\n")
     out = lab.run_in(lab.gw_ns, [sys.executable, "-c", code, TABLE], capture_output=True, text=True, cwd=ROOT,
                      timeout=60, check=True).stdout
     return json.loads(out)

@@ -30,8 +30,7 @@ def test_drift_is_repaired_while_another_table_commits(lab, agent):
         good = kernel_table(lab)
         for n, drift in enumerate(("chain flushed", "map element deleted", "backend map redeclared",
                                    "affinity set deleted"), 1):
-            for command in DRIFTS[drift]:
-                agent.nft(*command)
+            agent.nft_transaction(DRIFTS[drift])
             assert kernel_table(lab)["static"] != good["static"] or drift_events(agent)  # real, unless repaired already
             wait_for(lambda: kernel_table(lab)["static"] == good["static"], 5, what=f"repair after: {drift}")
             wait_for(lambda: len(drift_events(agent)) >= n, 5, what=f"the drift logged: {drift}")

@@ -19,8 +19,7 @@ def test_drift_is_repaired_within_five_seconds(lab, agent, drift):
     good = static_ruleset(agent)
     pinned = affinity_entries(agent)
     assert pinned  # the connections to the ClientIP identity pinned their clients
-    for command in DRIFTS[drift]:
-        agent.nft(*command)
+    agent.nft_transaction(DRIFTS[drift])
     # The drift is real (unless repaired already: the agent is quick; then it says so).
     assert static_ruleset(agent) != good or any(e.get("event", "").startswith("drift") for e in agent.logs())
     wait_for(lambda: static_ruleset(agent) == good, 5, what=f"repair after: {drift}")

@@ -87,3 +87,19 @@ def apply_edit(store: Store, edit: tuple[Any, ...]) -> None:
             store.put(obj)
         case ("drop-eip", name):
             store.drop("IptablesEIP", name)
+
+
+class WakingSource(StoreSource):
+    """A StoreSource that wakes the loop on every change, as the Kubernetes source's watch
+    threads do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wake = lambda: None
+
+    def attach(self, wake: Any) -> None:
+        self.wake = wake
+
+    def put(self, obj: dict[str, Any]) -> None:
+        super().put(obj)
+        self.wake()

@@ -93,6 +93,15 @@ def _state_view(state: DesiredState) -> tuple[Any, ...]:
 @example([("put", 1, rule("web-b", 80, "10.0.1.12")), ("put", 2, rule("web-b", 80, "10.0.1.12", eip_name="eip-b")),
           ("put", 3, eip("eip-b", "172.18.0.20"))])
 def test_update_after_each_hostile_edit_equals_rebuild(history: list[tuple[Any, ...]]) -> None:
+    """The incremental state, fed objects as a source keeps them (model.slim) or whole,
+    always equals a rebuild from the whole objects."""
+    for kept in ("whole", "slim"):
+        _replay(history, kept)
+
+
+def _replay(history: list[tuple[Any, ...]], kept: str) -> None:
+    from agent.model import slim
+
     store: dict[int, Any] = {}
     state = DesiredState(GW, MAX_BACKENDS)
     state.rebuild(ListCatalog([]))
@@ -102,11 +111,11 @@ def test_update_after_each_hostile_edit_equals_rebuild(history: list[tuple[Any, 
         if edit[0] == "put":
             store[slot] = edit[2]
         changed = {k for k in (source_key(old), source_key(store.get(slot))) if k is not None}
-        catalog = ListCatalog([store[s] for s in sorted(store)])
+        catalog = ListCatalog([store[s] if kept == "whole" else slim(store[s]) for s in sorted(store)])
         before = dict(state.services)
         dirty = state.update(catalog, changed)
         fresh = DesiredState(GW, MAX_BACKENDS)
-        fresh.rebuild(ListCatalog(catalog.objects()))
+        fresh.rebuild(ListCatalog([store[s] for s in sorted(store)]))
         note(f"step {step}: {edit[0]} slot {slot} changed={changed}")
         check_errors(state.errors)
         assert _state_view(state) == _state_view(fresh), f"step {step}"

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 from agent.dirsource import DirectorySource
-from agent.model import build_inventory
+from agent.model import as_dict, build_inventory, slim
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,6 +28,11 @@ def write(path: Path, text: str | bytes) -> Path:
     return path
 
 
+def objects(source: DirectorySource) -> list[Any]:
+    """The source's objects as the dicts they stand for (it keeps them compact)."""
+    return [as_dict(o) for o in source.objects()]
+
+
 def poll(source: DirectorySource) -> bool:
     """Poll twice: a changed file is read once it has held still for one poll."""
     first = source.poll()
@@ -34,7 +40,7 @@ def poll(source: DirectorySource) -> bool:
 
 
 def names(source: DirectorySource) -> list[str]:
-    return [o["metadata"]["name"] for o in source.objects()]
+    return [o["metadata"]["name"] for o in objects(source)]
 
 
 def rule_yaml(name: str, port: str = "80", backend: str = "10.0.1.11") -> str:
@@ -77,7 +83,7 @@ def test_one_object_per_file(tmp_path: Path) -> None:
     write(tmp_path / "web-b.yml", rule_yaml("web-b"))
     source = loaded(tmp_path)
     assert sorted(names(source)) == ["eip-web", "web-a", "web-b"]
-    web_a = next(o for o in source.objects() if o["metadata"]["name"] == "web-a")
+    web_a = next(o for o in objects(source) if o["metadata"]["name"] == "web-a")
     assert web_a["kind"] == "IptablesDnatRule"
     assert web_a["spec"] == {"eip": "eip-web", "externalPort": "80", "protocol": "tcp", "internalIp": "10.0.1.11",
                              "internalPort": "8080", "type": "share"}
@@ -104,12 +110,12 @@ items:
 - just a string
 """)
     source = loaded(tmp_path)
-    assert [(o.get("kind"), o["metadata"]["name"]) for o in source.objects()] == [
+    assert [(o.get("kind"), o["metadata"]["name"]) for o in objects(source)] == [
         ("IptablesEIP", "eip-web"),
         ("IptablesDnatRule", "web-a"),
         (None, "no-kind"),  # a generic List does not say what its items are
     ]
-    assert all(o.get("kind") != "List" for o in source.objects())
+    assert all(o.get("kind") != "List" for o in objects(source))
 
 
 def test_api_list_gives_its_items_their_kind(tmp_path: Path) -> None:
@@ -125,12 +131,12 @@ def test_api_list_gives_its_items_their_kind(tmp_path: Path) -> None:
         ],
     }))
     source = loaded(tmp_path)
-    assert [(o["kind"], o["metadata"]["name"]) for o in source.objects()] == [
+    assert [(o["kind"], o["metadata"]["name"]) for o in objects(source)] == [
         ("IptablesDnatRule", "web-a"),
         ("IptablesDnatRule", "web-b"),
         ("IptablesDnatRule", "web-c"),
     ]
-    assert source.objects()[0]["spec"] == {"type": "share"}
+    assert objects(source)[0]["spec"] == {"type": "share"}
 
 
 def test_api_list_in_yaml_and_its_items_reach_the_model(tmp_path: Path) -> None:
@@ -162,7 +168,8 @@ def test_json_file_with_one_object(tmp_path: Path) -> None:
                     "internalPort": "5353", "type": "share"}}
     write(tmp_path / "dns.json", json.dumps(obj, indent=1))
     source = loaded(tmp_path)
-    assert source.objects() == [obj]
+    assert source.objects() == [slim(obj)]  # kept as the model reads it
+    assert objects(source)[0] == {k: v for k, v in obj.items() if k != "apiVersion"}
 
 
 def test_non_manifest_files_are_ignored(tmp_path: Path) -> None:
@@ -221,7 +228,7 @@ def test_poll_reports_first_load_no_change_edit_and_removal(tmp_path: Path) -> N
     a = write(tmp_path / "a.yaml", rule_yaml("web-a"))
     write(tmp_path / "b.yaml", rule_yaml("web-b"))
     source = DirectorySource(tmp_path)
-    assert source.objects() == []  # nothing before the first poll
+    assert objects(source) == []  # nothing before the first poll
 
     assert poll(source) is True
     assert names(source) == ["web-a", "web-b"]
@@ -232,12 +239,12 @@ def test_poll_reports_first_load_no_change_edit_and_removal(tmp_path: Path) -> N
 
     write(a, rule_yaml("web-a", port="8000"))  # longer content and a later mtime
     assert poll(source) is True
-    assert source.objects()[0]["spec"]["externalPort"] == "8000"
+    assert objects(source)[0]["spec"]["externalPort"] == "8000"
     assert poll(source) is False
 
     write(a, rule_yaml("web-a", port="8001"))  # same size: only the mtime tells
     assert poll(source) is True
-    assert source.objects()[0]["spec"]["externalPort"] == "8001"
+    assert objects(source)[0]["spec"]["externalPort"] == "8001"
 
     (tmp_path / "b.yaml").unlink()
     assert poll(source) is True
@@ -272,7 +279,7 @@ def test_atomic_replace_by_rename_is_seen(tmp_path: Path) -> None:
     os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))  # even with the very same mtime and size
     os.replace(tmp, a)
     assert poll(source) is True
-    assert source.objects()[0]["spec"]["externalPort"] == "81"
+    assert objects(source)[0]["spec"]["externalPort"] == "81"
 
 
 def test_removing_every_file_withdraws_everything(tmp_path: Path) -> None:
@@ -282,7 +289,7 @@ def test_removing_every_file_withdraws_everything(tmp_path: Path) -> None:
     for path in tmp_path.iterdir():
         path.unlink()
     assert poll(source) is True
-    assert source.objects() == []
+    assert objects(source) == []
 
 
 # --------------------------------------------------------------------------- unparseable files
@@ -291,17 +298,17 @@ def test_unparseable_file_keeps_its_last_good_objects(tmp_path: Path) -> None:
     a = write(tmp_path / "a.yaml", rule_yaml("web-a", port="80"))
     b = write(tmp_path / "b.yaml", rule_yaml("web-b", port="80"))
     source = loaded(tmp_path)
-    before = source.objects()
+    before = objects(source)
 
     write(a, "kind: IptablesDnatRule\nmetadata: {name: web-a\nspec: [\n")  # half-written save
     assert poll(source) is False
-    assert source.objects() == before
+    assert objects(source) == before
     assert poll(source) is False  # still broken, still unchanged, not re-reported as a change
 
     # Other files' edits still apply while a.yaml stays broken.
     write(b, rule_yaml("web-b", port="90"))
     assert poll(source) is True
-    assert [o["spec"]["externalPort"] for o in source.objects()] == ["80", "90"]
+    assert [o["spec"]["externalPort"] for o in objects(source)] == ["80", "90"]
     write(tmp_path / "c.yaml", rule_yaml("web-c"))
     assert poll(source) is True
     assert names(source) == ["web-a", "web-b", "web-c"]
@@ -309,7 +316,7 @@ def test_unparseable_file_keeps_its_last_good_objects(tmp_path: Path) -> None:
     # Fixed: the new content is used.
     write(a, rule_yaml("web-a", port="8080"))
     assert poll(source) is True
-    assert [o["spec"]["externalPort"] for o in source.objects()] == ["8080", "90", "80"]
+    assert [o["spec"]["externalPort"] for o in objects(source)] == ["8080", "90", "80"]
 
 
 def test_unparseable_file_fixed_back_to_its_old_content_is_no_change(tmp_path: Path) -> None:
@@ -327,7 +334,7 @@ def test_broken_later_document_keeps_the_whole_file(tmp_path: Path) -> None:
     source = loaded(tmp_path)
     write(a, rule_yaml("web-a", port="81") + "---\nkind: [unclosed\n")
     assert poll(source) is False
-    assert [(o["metadata"]["name"], o["spec"]["externalPort"]) for o in source.objects()] == [
+    assert [(o["metadata"]["name"], o["spec"]["externalPort"]) for o in objects(source)] == [
         ("web-a", "80"), ("web-b", "80")
     ]
 
@@ -338,7 +345,7 @@ def test_unparseable_json_keeps_its_last_good_objects(tmp_path: Path) -> None:
     source = loaded(tmp_path)
     write(a, json.dumps(obj)[:-5])  # truncated
     assert poll(source) is False
-    assert source.objects() == [obj]
+    assert source.objects() == [slim(obj)]
     write(a, json.dumps({**obj, "metadata": {"name": "dns-b"}}))
     assert poll(source) is True
     assert names(source) == ["dns-b"]
@@ -379,7 +386,7 @@ def test_removing_an_unparseable_file_withdraws_its_last_good_objects(tmp_path: 
 def test_missing_directory_does_not_raise(tmp_path: Path) -> None:
     source = DirectorySource(tmp_path / "does-not-exist")
     assert poll(source) is False
-    assert source.objects() == []
+    assert objects(source) == []
     assert poll(source) is False
 
 
@@ -387,7 +394,7 @@ def test_directory_that_is_a_file_does_not_raise(tmp_path: Path) -> None:
     path = write(tmp_path / "rules.yaml", rule_yaml("web-a"))
     source = DirectorySource(path)
     assert poll(source) is False
-    assert source.objects() == []
+    assert objects(source) == []
 
 
 def test_directory_created_later_is_loaded(tmp_path: Path) -> None:
@@ -454,8 +461,61 @@ def test_one_edited_rule_in_a_big_file_is_one_change(tmp_path: Path) -> None:
     write(rules / "web.yaml", "---\n".join(many))
     assert poll(source) is True
     assert source.take_changes() == {("IptablesDnatRule", "web-57")}
-    assert source.named("IptablesDnatRule", "web-57")[0]["spec"]["internalIp"] == "10.0.1.99"
+    assert as_dict(source.named("IptablesDnatRule", "web-57")[0])["spec"]["internalIp"] == "10.0.1.99"
     write(rules / "web.yaml", "---\n".join(many[:100]))
     poll(source)
     assert source.take_changes() == {("IptablesDnatRule", f"web-{i}") for i in range(100, 200)}
     assert source.named("IptablesDnatRule", "web-150") == []
+
+
+# ---- followed through inotify once started
+
+def test_a_closed_file_is_read_at_once_and_one_still_open_once_it_holds_still(tmp_path: Path) -> None:
+    import select as _select
+
+    source = DirectorySource(tmp_path, poll_interval=0.05)
+    source.start()
+    try:
+        assert source.fileno() is not None and source.next_poll() is None  # nothing to poll for
+        source.poll()
+        write(tmp_path / "a.yaml", rule_yaml("web-a"))  # written and closed
+        assert _select.select([source.fileno()], [], [], 2)[0]  # the descriptor says so
+        assert source.poll() and names(source) == ["web-a"]  # read at once, no settle
+        with open(tmp_path / "b.yaml", "w") as f:  # written in place, still open
+            f.write(rule_yaml("web-b"))
+            f.flush()
+            assert not source.poll() and source.next_poll() is not None  # waits to hold still
+        time.sleep(0.06)
+        assert source.poll() and names(source) == ["web-a", "web-b"]  # (closed now: at once)
+    finally:
+        source.stop()
+
+
+def test_a_removed_directory_falls_back_to_polling(tmp_path: Path) -> None:
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    source = DirectorySource(rules, poll_interval=0.05)
+    source.start()
+    try:
+        source.poll()
+        rules.rmdir()
+        source.poll()
+        assert source.fileno() is None and source.next_poll() is not None  # polled from now on
+        rules.mkdir()
+        write(rules / "a.yaml", rule_yaml("web-a"))
+        assert not source.poll()  # seen changing: read once it holds still
+        assert source.poll() and names(source) == ["web-a"]
+    finally:
+        source.stop()
+
+
+def test_without_inotify_it_polls(tmp_path: Path, monkeypatch: Any) -> None:
+    import agent.dirsource as dirsource
+
+    def refuse(_: str) -> None:
+        raise OSError(38, "no inotify here")
+
+    monkeypatch.setattr(dirsource, "Inotify", refuse)
+    source = DirectorySource(tmp_path / "absent", poll_interval=0.05)
+    source.start()
+    assert source.fileno() is None and source.next_poll() is not None

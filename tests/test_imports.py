@@ -57,3 +57,40 @@ def test_the_contract_can_fail() -> None:
 def test_nothing_the_agent_ships_imports_the_lab() -> None:
     for path in sorted(AGENT.glob("*.py")):
         assert not any(m == "lab" or m.startswith("lab.") for m in imports_of(path)), path.name
+
+
+def _fresh(code: str, env: dict[str, str] | None = None) -> set[str]:
+    """The modules a fresh interpreter holds after running `code`."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code + "\nimport sys, json; print(json.dumps(sorted(sys.modules)))"],
+                         capture_output=True, text=True, cwd=ROOT, env={**os.environ, **(env or {})}, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return set(json.loads(out.stdout.splitlines()[-1]))
+
+
+# Parts of the kubernetes package the agent never uses, and the heavy libraries they pull in
+# (kubeapi.py: 6 MB of the agent's memory at 10,000 identities).
+UNUSED_KUBERNETES = {"kubernetes.dynamic", "kubernetes.stream", "kubernetes.utils.create_from_yaml", "kubernetes.leaderelection",
+                     "kubernetes.informer", "kubernetes.config.kube_config", "kubernetes.client.api.custom_objects_api",
+                     "requests", "oauthlib", "websocket"}
+
+
+def test_the_directory_path_loads_neither_kubernetes_nor_yaml_before_it_needs_them() -> None:
+    loaded = _fresh("import agent.cli")
+    assert not {m for m in loaded if m.split(".")[0] in ("kubernetes", "yaml", "pydantic")}
+
+
+def test_the_pod_path_loads_only_the_parts_of_the_kubernetes_client_it_uses(tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("t0ken")
+    (tmp_path / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")  # read as a path, not parsed here
+    loaded = _fresh(f"import agent.cli, agent.kubesource, agent.events\n"
+                    f"from pathlib import Path\n"
+                    f"from agent.kubeapi import api_client\n"
+                    f"api_client(None, Path({str(tmp_path)!r}))",
+                    {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"})
+    assert {"kubernetes.client.api_client", "kubernetes.watch.watch", "kubernetes.config.incluster_config"} <= loaded
+    assert loaded & UNUSED_KUBERNETES == set()

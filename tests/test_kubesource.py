@@ -276,6 +276,56 @@ def test_an_unreadable_crd_is_said_and_the_agent_carries_on(fake: FakeKube) -> N
     assert health.problems == [] and any("cannot read the CRD" in e["event"] for e in logs)
 
 
+PAGED = WatchSettings(**{**FAST.__dict__, "list_page_size": 100})
+
+
+def _many(fake: FakeKube, n: int) -> None:
+    fake.create(EIPS, eip("eip-web", "172.18.0.10"))
+    for i in range(n):
+        fake.create(RULES, rule(f"r{i}", 1000 + i, "10.0.1.11"))
+
+
+def test_lists_come_in_pages_of_one_consistent_version(fake: FakeKube) -> None:
+    _many(fake, 250)
+    src = KubeSource(api_client(fake), PAGED)
+    src.start()
+    try:
+        wait(lambda: src.ready, what="paged lists")
+        assert len(services(src)) == 250
+        pages = [r for r in fake.requests if r.verb == "list" and r.resource == RULES]
+        assert [p.query.get("limit") for p in pages] == ["100"] * 3
+        assert [bool(p.query.get("continue")) for p in pages] == [False, True, True]
+        watch = next(r for r in fake.requests if r.verb == "watch" and r.resource == RULES)
+        assert watch.query["resourceVersion"] == fake.resource_version
+    finally:
+        src.stop()
+
+
+def test_a_list_whose_continue_expires_between_pages_starts_again(fake: FakeKube) -> None:
+    _many(fake, 250)
+    src = KubeSource(api_client(fake), PAGED)
+    real = src._listers[RULES]
+    calls = []
+
+    def list_then_compact(**kwargs: Any) -> Any:
+        answer = real(**kwargs)
+        calls.append(kwargs.get("_continue"))
+        if len(calls) == 1:
+            fake.delete(RULES, "r249")  # a change the stale pages would miss ...
+            fake.compact()  # ... and the first page's version is compacted away
+        return answer
+
+    src._listers[RULES] = list_then_compact
+    src.start()
+    try:
+        wait(lambda: src.ready, what="lists after the expired continue")
+        assert len(services(src)) == 249  # the stale pages would have kept r249
+        pages = [r for r in fake.requests if r.verb == "list" and r.resource == RULES]
+        assert [bool(p.query.get("continue")) for p in pages] == [False, True, False, True, True]
+    finally:
+        src.stop()
+
+
 def test_rbac_grants_exactly_what_the_agent_used() -> None:
     """Runs last in this module: every request above is allowed, and no grant went unused."""
     docs = list(yaml.safe_load_all((ROOT / "images" / "kubernetes" / "rbac.yaml").read_text()))

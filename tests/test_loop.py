@@ -87,3 +87,69 @@ def test_the_loop_survives_exceptions_from_any_stage() -> None:
     assert events.count("source poll failed") == 3
     assert "sync failed; will read back and retry" in events
     assert calls["n"] >= 2
+
+
+# ---- sleeping until there is work
+
+IDLE = Settings(gateway="gw1", conntrack=False, idle_wakeup=30.0, resync_interval=3600.0, retire_delay=0.0)
+
+
+def started(source: Any, settings: Settings = IDLE) -> tuple[Any, threading.Thread, FakeNft]:
+    from agent.loop import Loop, StopEvent
+
+    backend = FakeNft()
+    loop = Loop(settings, source, Reconciler(settings, *edges(backend)), StopEvent())
+    thread = threading.Thread(target=loop.run, daemon=True)
+    thread.start()
+    return loop, thread, backend
+
+
+def wait_until(check: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def test_an_idle_loop_sleeps_and_a_change_wakes_it_at_once() -> None:
+    from tests.sources import WakingSource
+
+    source = WakingSource()
+    source.put(eip("eip-web", "172.18.0.10"))
+    loop, thread, backend = started(source)
+    try:
+        wait_until(lambda: loop.syncs == 1)
+        turns = loop.turns
+        time.sleep(0.5)
+        assert loop.turns - turns <= 2  # asleep: no tick (the next due timer is 30 s away)
+        source.put(rule("web-a", 80, "10.0.1.11"))
+        wait_until(lambda: loop.syncs == 2)  # woken by the change, not by a timer
+        assert backend.view().read().elements["services"]
+    finally:
+        loop.stop.set()
+        thread.join(5)
+    assert not thread.is_alive()  # a stop wakes it too
+
+
+def test_a_burst_of_changes_goes_as_one_transaction() -> None:
+    from tests.sources import WakingSource
+
+    source = WakingSource()
+    source.put(eip("eip-web", "172.18.0.10"))
+    loop, thread, backend = started(source)
+    try:
+        wait_until(lambda: loop.syncs == 1)
+        batches = len(backend.batches)
+
+        def burst() -> None:
+            for n in range(10):  # ten watch events in a row, as a controller writes ten rules
+                source.put(rule(f"web-{n}", 80, f"10.0.1.{11 + n}"))
+
+        burst()
+        wait_until(lambda: loop.syncs >= 2)
+        time.sleep(0.05)
+        assert loop.syncs == 2 and len(backend.batches) == batches + 1  # one sync, one transaction
+        assert len(backend.view().read().elements["services"]) == 1
+    finally:
+        loop.stop.set()
+        thread.join(5)

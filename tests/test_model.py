@@ -67,6 +67,7 @@ GOOD_SIBLING_RULE = Rule(
     backend=Backend("10.0.1.12", 9090),
     affinity=False,
     timeout=10800,
+    eip="eip-web",
 )
 
 
@@ -274,7 +275,7 @@ def test_error_carries_the_objects_uid_and_version_for_events() -> None:
 def test_valid_rule_is_fully_parsed() -> None:
     inv = build_inventory([make_eip(), make_rule()], GW)
     assert inv == Inventory(
-        rules=(Rule("web-80-a", Identity(EIP_ADDR, 80, "tcp"), Backend("10.0.1.11", 8080), False, 10800),),
+        rules=(Rule("web-80-a", Identity(EIP_ADDR, 80, "tcp"), Backend("10.0.1.11", 8080), False, 10800, "eip-web"),),
         errors=(),
     )
 

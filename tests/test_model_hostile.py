@@ -100,7 +100,7 @@ GOOD_EIP = eip(GOOD_EIP_NAME, "172.18.0.99")
 GOOD_RULE = rule(GOOD_RULE_NAME, 8443, "10.0.9.9", 9443, eip_name=GOOD_EIP_NAME)
 
 
-GOOD = Rule(GOOD_RULE_NAME, Identity("172.18.0.99", 8443, "tcp"), Backend("10.0.9.9", 9443), False, 10800)
+GOOD = Rule(GOOD_RULE_NAME, Identity("172.18.0.99", 8443, "tcp"), Backend("10.0.9.9", 9443), False, 10800, GOOD_EIP_NAME)
 
 
 @hsettings(max_examples=300, **HYPO)
@@ -171,3 +171,14 @@ def test_same_eip_name_twice_refuses_its_rules_whichever_comes_first(swap: bool)
     assert inventory.rules == ()
     assert [(e.name, e.field) for e in inventory.errors] == [("web-a", "spec.eip")], inventory.errors
     assert "eip-web" in inventory.errors[0].reason and "more than once" in inventory.errors[0].reason
+
+
+@hsettings(max_examples=300, **HYPO)
+@given(batches)
+def test_a_slim_object_is_judged_exactly_as_the_whole_one(objects: list[Any]) -> None:
+    """What the sources keep (model.slim) gives the same rules and the same errors."""
+    from agent.model import slim
+
+    whole, kept = build_inventory(objects, GW), build_inventory([slim(o) for o in objects], GW)
+    assert kept.rules == whole.rules
+    assert [e.key() for e in kept.errors] == [e.key() for e in whole.errors]

@@ -51,7 +51,7 @@ def test_declarations_go_first_in_their_own_transaction_with_the_table():
     (batch,) = backend.batches  # everything else: one JSON transaction, without the declaration
     assert [next(iter(c["add"])) for c in batch] == ["table", "element"]
     assert nft.transactions == 2 and backend.generation() == 2
-    assert backend.view().read().elements["backend_3"][("172.18.0.10", "tcp", 80)].value == {"concat": ["10.0.1.1", 8080]}
+    assert backend.view().read().elements["backend_3"][("172.18.0.10", "tcp", 80)].value == ("10.0.1.1", 8080)
 
 
 @pytest.mark.parametrize("rebuild", [False, True])

@@ -93,7 +93,7 @@ def test_element_counters_and_affinity_entries(fixture: dict[str, Any]) -> None:
     assert state.entries == {"aff_0": [], "aff_1": [], "aff_2": []}
     assert state.elements["services"][("172.18.0.10", "tcp", 443)] == \
         Elem({"goto": {"target": "aff_t600_n3"}}, "app-443-a,app-443-b,app-443-c")
-    assert state.elements["backend_2"][("172.18.0.10", "udp", 53)] == Elem({"concat": ["10.0.1.13", 5353]})
+    assert state.elements["backend_2"][("172.18.0.10", "udp", 53)] == ("10.0.1.13", 5353)  # its own element: data, no comment (ruleset.Elem)
 
 
 def test_the_dynamic_flag_is_left_out_as_nft_106_lists_it(fixture: dict[str, Any]) -> None:

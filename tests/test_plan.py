@@ -146,3 +146,31 @@ def test_where_json_declares_every_map_the_plan_is_one_transaction(web_objects):
     assert all(m["map"] == ["ipv4_addr", "inet_service"] for m in maps)
     texted = plan(None, rendered(web_objects), "ip", "natgw")
     assert len(todo.commands) == len(texted.commands)  # the same change either way
+
+
+def test_a_large_plan_that_only_adds_goes_in_parts_of_whole_identities():
+    from agent.plan import PART, chunked, element_count
+    from tests.builders import eip
+
+    objects = [eip("eip-web", "172.18.0.10")] + [rule(f"r{i}-{b}", 1000 + i, f"10.0.{b}.{i % 250 + 1}")
+                                                for i in range(300) for b in range(4)]
+    whole = plan(None, rendered(objects), "ip", "natgw")
+    parts = chunked(whole, 400)
+    assert parts.commands == whole.commands  # the same change, as render and diff print it
+    kinds = [p.kind for p in parts.phases]
+    assert kinds[0] == DECLARE and kinds[-1] == MAIN and set(kinds[1:-1]) == {PART} and len(kinds) >= 5
+    seen: dict[str, int] = {}
+    for n, phase in enumerate(parts.phases[1:]):
+        assert element_count(phase.commands) <= 400
+        assert (n == 0) is any("chain" in c["add"] or "rule" in c["add"] or "map" in c["add"] for c in phase.commands)
+        for c in phase.commands:
+            for entry in c["add"].get("element", {}).get("elem", ()):
+                key = json.dumps(entry[0]["elem"]["val"] if "elem" in entry[0] else entry[0])
+                assert seen.setdefault(key, n) == n  # every element of an identity in one transaction
+    assert len(seen) == 300
+    nft, view = edges(FakeNft())
+    nft.apply(parts)
+    assert view.read() == rendered(objects)
+    assert chunked(whole, 10_000) == whole  # small enough: one transaction
+    changed = plan(rendered(objects), rendered(objects[:-4], rendered(objects)), "ip", "natgw")
+    assert chunked(changed, 1) == changed  # anything that deletes stays one transaction

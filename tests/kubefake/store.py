@@ -127,14 +127,19 @@ class Store:
                 rv = self.rv  # the token of a 410: go on at the latest version
             elif rv < self._floor:
                 raise ApiError(410, INCONSISTENT_CONTINUE, "Expired", list_continue=encode_continue(start, -1))
-            items = sorted((k, o) for k, o in self._state_at(rtype.plural, rv).items() if k >= start)
-        page = items[:limit] if limit > 0 else items
+            state = self._state_at(rtype.plural, rv)
+            keys = sorted(k for k in state if k >= start)
+            page = keys[:limit] if limit > 0 else keys
+            items = [state[k] for k in page]
         meta: JSON = {"resourceVersion": str(rv)}
-        if len(page) < len(items):
-            meta["continue"] = encode_continue(page[-1][0] + "\x00", rv)  # right after the last key
-            meta["remainingItemCount"] = len(items) - len(page)
-        return {"apiVersion": rtype.api_version, "kind": rtype.kind + "List", "metadata": meta,
-                "items": [copy.deepcopy(o) for _, o in page]}
+        if len(page) < len(keys):
+            meta["continue"] = encode_continue(page[-1] + "\x00", rv)  # right after the last key
+            meta["remainingItemCount"] = len(keys) - len(page)
+        # The stored objects themselves, not copies: stored objects are never changed in
+        # place (a change stores a new one), and the server serialises the page at once.
+        # Deep copies cost 130 ms a page of 500 kube-ovn-sized objects, the fake's time,
+        # not the client's.
+        return {"apiVersion": rtype.api_version, "kind": rtype.kind + "List", "metadata": meta, "items": items}
 
     def _current(self, rtype: ResourceType, key: str, name: str) -> JSON:
         obj = self._objects[rtype.plural].get(key)
