@@ -30,6 +30,9 @@ _OBJECT_NAME = {nr.NEWCHAIN: nr.CHAIN_NAME, nr.DELCHAIN: nr.CHAIN_NAME, nr.NEWRU
 _CHAIN_MSGS = {nr.NEWCHAIN, nr.DELCHAIN, nr.NEWRULE, nr.DELRULE}
 _SET_MSGS = {nr.NEWSET, nr.DELSET}
 _ELEMENT_MSGS = {nr.NEWSETELEM, nr.DELSETELEM}
+# Others' notifications for the agent's table kept while a sync waits (the loop drains the
+# socket so it does not spin): beyond this many, a full read-back costs less than keeping them.
+_CARRIED_MAX = 20000
 
 
 @dataclass(frozen=True)
@@ -154,13 +157,17 @@ class KernelView:
         return None if state is None else state.ruleset()
 
     def keep_up(self) -> None:
-        """Read the notifications waiting now (the agent's own dropped unread), so a long
-        run of the agent's own transactions cannot overflow the socket; what others sent
-        waits for damage()."""
+        """Read the notifications waiting now (the agent's own dropped unread, other tables'
+        dropped), so a long run of the agent's own transactions cannot overflow the socket
+        and a loop waiting to sync is not woken again by them; what others sent about the
+        watched tables waits for damage()."""
         if self._sub is not None:
             drained = self._sub.drain(skip=self._own)
-            self._carried.extend(drained.messages)
+            watched = (self.table, *self.also)
+            self._carried.extend(m for m in drained.messages if nr.names_table(m) in watched)
             self._overrun = self._overrun or drained.overrun
+            if len(self._carried) > _CARRIED_MAX:  # kept unlooked-at for long: one read-back instead
+                self._carried, self._overrun = [], True
 
     def damage(self) -> Damage:
         """What others changed since the last look (nothing: NONE)."""

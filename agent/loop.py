@@ -115,6 +115,7 @@ class Loop:
         self.queued_at = time.time()  # when the oldest change not yet in the kernel was seen
         self.retry_at = 0.0
         self.resync_at = clock() + settings.resync_interval
+        self.drift_due = False  # kernel notifications arrived that no drift check has looked at
         self.turns = 0  # loop turns so far (tests: an idle agent does not spin)
         self.syncs = 0
 
@@ -165,7 +166,19 @@ class Loop:
             self.reconciler.request_full_sync()
             self.resync_at = now + self.settings.resync_interval
             self.queue()
-        if not self.pending and ("kernel" in woken or kernel_news(self.reconciler)):
+        if "kernel" in woken:
+            self.drift_due = True
+            if self.pending:
+                # Its socket is level-triggered: left unread while a sync waits (a source not
+                # ready, a retry's backoff), it woke the loop at once, every turn: a core spun.
+                self.reconciler.view.keep_up()  # type: ignore[attr-defined]
+        if self.pending:
+            self.health.pending()
+            self.metrics.last_queued.set(self.queued_at)
+        if self.pending and self.source.ready and now >= self.retry_at:
+            self._sync(now)
+        if not self.pending and (self.drift_due or kernel_news(self.reconciler)):
+            self.drift_due = False
             try:
                 if self.reconciler.check_drift():
                     self.queue()
@@ -173,11 +186,6 @@ class Loop:
                 log.exception("drift check failed; resyncing")
                 self.reconciler.request_full_sync()
                 self.queue()
-        if self.pending:
-            self.health.pending()
-            self.metrics.last_queued.set(self.queued_at)
-        if self.pending and self.source.ready and now >= self.retry_at:
-            self._sync(now)
         restarts = getattr(self.source, "restarts", None)
         if restarts is not None:
             self.metrics.watch_counts(restarts, self.source.relists)  # type: ignore[attr-defined]

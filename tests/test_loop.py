@@ -153,3 +153,72 @@ def test_a_burst_of_changes_goes_as_one_transaction() -> None:
     finally:
         loop.stop.set()
         thread.join(5)
+
+
+class NotifyingView:
+    """The fake's view with a kernel notification socket's behaviour: a descriptor that
+    stays readable until keep_up() or damage() reads what waits (a pipe here)."""
+
+    def __init__(self, view: Any) -> None:
+        import os
+
+        self._view = view
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._read, False)
+        self.drained = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._view, name)
+
+    def fileno(self) -> int:
+        return self._read
+
+    def notify(self) -> None:
+        import os
+
+        os.write(self._write, b"n")
+
+    def _drain(self) -> None:
+        import os
+
+        try:
+            while os.read(self._read, 4096):
+                self.drained += 1
+        except BlockingIOError:
+            pass
+
+    def keep_up(self) -> None:
+        self._drain()
+
+    def damage(self) -> Any:
+        self._drain()
+        return self._view.damage()
+
+
+def test_a_notification_while_a_sync_waits_does_not_make_the_loop_spin() -> None:
+    """A notification that arrives while a sync cannot run yet (the source not ready, a
+    retry waiting out its backoff) is read at once; its drift check follows the sync."""
+    from agent.loop import Loop, StopEvent
+
+    source = world()
+    source.ready = False  # type: ignore[misc]
+    backend = FakeNft()
+    nft, view = edges(backend)
+    notifying = NotifyingView(view)
+    reconciler = Reconciler(IDLE, nft, notifying)  # type: ignore[arg-type]
+    loop = Loop(IDLE, source, reconciler, StopEvent())
+    thread = threading.Thread(target=loop.run, daemon=True)
+    thread.start()
+    try:
+        notifying.notify()
+        wait_until(lambda: notifying.drained >= 1)
+        turns = loop.turns
+        time.sleep(0.5)
+        # Not ready: polled every poll_interval (0.2 s), never woken by the read socket.
+        assert loop.turns - turns <= 4
+        assert loop.drift_due and loop.syncs == 0
+        source.ready = True  # type: ignore[misc]
+        wait_until(lambda: loop.syncs == 1 and not loop.drift_due)  # synced, then looked for drift
+    finally:
+        loop.stop.set()
+        thread.join(5)
