@@ -35,8 +35,9 @@ class Options:
     """The agent's image (images/Dockerfile)."""
 
     service_account: str = SERVICE_ACCOUNT
-    """Given to gateway pods that have none (kube-ovn sets `vpc-nat-gw` only with its BGP
-    speaker; that account then needs the agent's role too: images/kubernetes/rbac.yaml)."""
+    """Given to gateway pods that run under none or `default` (see account_ops); kube-ovn's
+    `vpc-nat-gw`, set with its BGP speaker, is kept and bound to the agent's role too
+    (images/kubernetes/rbac.yaml). It must exist in the gateway's namespace."""
 
     api_host: str = ""
     """KUBERNETES_SERVICE_HOST/_PORT for the agent, when the service address is not what a
@@ -63,7 +64,9 @@ def is_gateway_pod(pod: dict[str, Any]) -> bool:
     return (pod.get("metadata") or {}).get("labels", {}).get(GATEWAY_LABEL) == "true"
 
 
-def agent_container(options: Options) -> dict[str, Any]:
+def agent_container(options: Options, readiness: bool = True) -> dict[str, Any]:
+    """`readiness`: give the container a readiness probe asking the agent (see
+    routes_by_readiness: not for a pod whose readiness decides its traffic)."""
     env = [
         {"name": "GATEWAY_NAME",
          "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{GATEWAY_ANNOTATION}']"}}},
@@ -75,6 +78,8 @@ def agent_container(options: Options) -> dict[str, Any]:
     if options.api_port:
         env.append({"name": "KUBERNETES_SERVICE_PORT", "value": options.api_port})
     probe = {"timeoutSeconds": 2, "periodSeconds": 10}
+    ready = {"readinessProbe": {"exec": {"command": ["natgw-agent", "health", "--ready", "--state-dir", STATE_DIR]},
+                                **probe, "failureThreshold": 1}} if readiness else {}
     return {
         "name": CONTAINER,
         "image": options.image,
@@ -86,8 +91,7 @@ def agent_container(options: Options) -> dict[str, Any]:
         # network namespace is the gateway's (every container of a pod shares it).
         "securityContext": {"runAsUser": 0, "allowPrivilegeEscalation": False,
                             "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN"]}},
-        "readinessProbe": {"exec": {"command": ["natgw-agent", "health", "--ready", "--state-dir", STATE_DIR]},
-                           **probe, "failureThreshold": 1},
+        **ready,
         # Only a wedged loop (no turn for 30 s with work due): 6 x 10 s before the kubelet
         # restarts this container -- never the gateway's.
         "livenessProbe": {"exec": {"command": ["natgw-agent", "health", "--live", "--state-dir", STATE_DIR]},
@@ -100,7 +104,9 @@ def agent_container(options: Options) -> dict[str, Any]:
 
 def token_volume() -> dict[str, Any]:
     """The pod's service account token, its CA and namespace, as the kubelet's automount
-    lays them out, at a path of the agent's own."""
+    lays them out, at a path of the agent's own. Why not the automount: ServiceAccount
+    admission mounted it before the webhook, into the containers there were then, and
+    not at all where automountServiceAccountToken is false."""
     return {"name": TOKEN_VOLUME, "projected": {"defaultMode": 0o444, "sources": [
         {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
         {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
@@ -117,17 +123,43 @@ def patch(pod: dict[str, Any], options: Options) -> list[dict[str, Any]]:
     containers = spec.get("containers") or []
     if any(c.get("name") == CONTAINER for c in containers):
         return []
-    ops: list[dict[str, Any]] = [{"op": "add", "path": "/spec/containers/-", "value": agent_container(options)}]
+    container = agent_container(options, readiness=not routes_by_readiness(pod))
+    ops: list[dict[str, Any]] = [{"op": "add", "path": "/spec/containers/-", "value": container}]
     volumes = [token_volume(), {"name": STATE_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}]
     if "volumes" in spec:
         ops += [{"op": "add", "path": "/spec/volumes/-", "value": v} for v in volumes]
     else:
         ops.append({"op": "add", "path": "/spec/volumes", "value": volumes})
-    if not spec.get("serviceAccountName"):
-        ops.append({"op": "add", "path": "/spec/serviceAccountName", "value": options.service_account})
+    ops += account_ops(spec, options.service_account)
     if options.api_network:
         ops += _api_network(pod, options)
     return ops
+
+
+def routes_by_readiness(pod: dict[str, Any]) -> bool:
+    """Whether the pod's readiness decides if it carries traffic: anything but a
+    StatefulSet's pod. kube-ovn routes an HA gateway (a Deployment's ReplicaSet) only
+    through its Ready replicas (getNatGwNextHops), so an agent that is not ready (CRD
+    unsupported, API unreachable, a worker restarting) must not take a healthy data
+    plane out of the routes; a StatefulSet's gateway is routed by its fixed LAN IP
+    whatever its readiness, and there a not-ready agent shows in `kubectl get pod`."""
+    owners = (pod.get("metadata") or {}).get("ownerReferences") or []
+    return not any(o.get("controller") and o.get("kind") == "StatefulSet" for o in owners)
+
+
+def account_ops(spec: dict[str, Any], account: str) -> list[dict[str, Any]]:
+    """The pod's service account for the agent's token. The API server's ServiceAccount
+    admission runs before mutating webhooks, so a pod that named none arrives as
+    `default` (its kube-api-access-* volume already added): that is replaced, any other
+    account (kube-ovn's `vpc-nat-gw` with its BGP speaker) was chosen and is kept. The
+    deprecated `serviceAccount`, when present, is made to agree (else it contradicts the
+    name kubectl and the kubelet read). Tokens follow the pod's account, so the
+    automount volume and the agent's own (token_volume) both carry the one kept here."""
+    chosen = spec.get("serviceAccountName") or spec.get("serviceAccount") or ""
+    wanted = account if chosen in ("", "default") else chosen
+    return [{"op": "add", "path": f"/spec/{field}", "value": wanted}
+            for field in ("serviceAccountName", "serviceAccount")
+            if spec.get(field) != wanted and (field == "serviceAccountName" or field in spec)]
 
 
 NETWORKS = "k8s.v1.cni.cncf.io/networks"

@@ -13,9 +13,12 @@ import yaml
 from kubernetes.client import ApiClient
 
 from agent.inject import CONTAINER, GATEWAY_ANNOTATION, TOKEN_DIR, Options, patch
+from tests.builders import ROOT
 
 FIXTURES = Path(__file__).parent / "fixtures" / "kube-ovn"
 OPTIONS = Options(image="registry.example/natgw-agent:1.0")
+FORMS = ["statefulset-pod.yaml", "deployment-pod.yaml", "deployment-bgp-pod.yaml"]
+AUTOMOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
 def pod(name: str) -> dict[str, Any]:
@@ -26,7 +29,7 @@ def mutated(original: dict[str, Any], options: Options = OPTIONS) -> dict[str, A
     return jsonpatch.apply_patch(original, patch(original, options))
 
 
-@pytest.mark.parametrize("name", ["statefulset-pod.yaml", "deployment-pod.yaml"])
+@pytest.mark.parametrize("name", FORMS)
 def test_the_agent_joins_the_gateway_pod_as_a_container_of_its_own(name: str) -> None:
     original = pod(name)
     after = mutated(original)
@@ -41,15 +44,19 @@ def test_the_agent_joins_the_gateway_pod_as_a_container_of_its_own(name: str) ->
     assert original["metadata"]["annotations"][GATEWAY_ANNOTATION]  # ... which the controller sets
     assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     assert env["NATGW_TOKEN_DIR"]["value"] == TOKEN_DIR
-    assert agent["readinessProbe"]["exec"]["command"][:3] == ["natgw-agent", "health", "--ready"]
     assert agent["livenessProbe"]["exec"]["command"][:3] == ["natgw-agent", "health", "--live"]
-    assert "httpGet" not in agent["readinessProbe"] and "ports" not in agent  # nothing on the tenant's network
+    assert "ports" not in agent  # nothing on the tenant's network
     assert agent["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN"]}
     volumes = {v["name"]: v for v in after["spec"]["volumes"]}
     for mount in agent["volumeMounts"]:
         assert mount["name"] in volumes
     token = volumes[agent["volumeMounts"][0]["name"]]["projected"]["sources"]
     assert {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}} in token
+    # The agent's token is its own volume's: admission mounted kube-api-access-* before the
+    # webhook, into kube-ovn's containers only, and those mounts stay as they were.
+    assert agent["volumeMounts"][0]["mountPath"] == TOKEN_DIR != AUTOMOUNT
+    assert not any(m["name"].startswith("kube-api-access-") for m in agent["volumeMounts"])
+    assert all(any(m["mountPath"] == AUTOMOUNT for m in c["volumeMounts"]) for c in original["spec"]["containers"])
     # No mount path taken twice in any container (the automount path stays kube-ovn's).
     for c in after["spec"]["containers"]:
         paths = [m["mountPath"] for m in c.get("volumeMounts", [])]
@@ -61,11 +68,51 @@ def test_the_agent_joins_the_gateway_pod_as_a_container_of_its_own(name: str) ->
     assert client.sanitize_for_serialization(model)["spec"]["containers"][-1] == agent
 
 
-def test_the_service_account_is_given_only_where_there_is_none() -> None:
-    plain = mutated(pod("statefulset-pod.yaml"))
-    assert plain["spec"]["serviceAccountName"] == OPTIONS.service_account
-    bgp = mutated(pod("deployment-pod.yaml"))
-    assert bgp["spec"]["serviceAccountName"] == "vpc-nat-gw"  # kube-ovn's BGP speaker needs its own
+def account(after: dict[str, Any]) -> tuple[str, str | None]:
+    return after["spec"]["serviceAccountName"], after["spec"].get("serviceAccount")
+
+
+def test_the_default_account_admission_gave_is_replaced_and_a_chosen_one_kept() -> None:
+    for name in ("statefulset-pod.yaml", "deployment-pod.yaml"):  # `default`, as the webhook receives them
+        assert account(pod(name)) == ("default", "default")
+        assert account(mutated(pod(name))) == (OPTIONS.service_account, OPTIONS.service_account)
+    bgp = pod("deployment-bgp-pod.yaml")  # kube-ovn's BGP speaker needs its own account
+    assert account(mutated(bgp)) == ("vpc-nat-gw", "vpc-nat-gw")
+    assert not [op for op in patch(bgp, OPTIONS) if op["path"].startswith("/spec/serviceAccount")]
+
+
+def test_the_deprecated_account_field_never_contradicts() -> None:
+    bare = pod("statefulset-pod.yaml")  # ServiceAccount admission off: neither field
+    del bare["spec"]["serviceAccountName"], bare["spec"]["serviceAccount"]
+    assert account(mutated(bare)) == (OPTIONS.service_account, None)
+    stale = pod("deployment-bgp-pod.yaml")
+    stale["spec"]["serviceAccount"] = "default"  # the name wins in the API server: make them agree
+    assert account(mutated(stale)) == ("vpc-nat-gw", "vpc-nat-gw")
+    alias = pod("statefulset-pod.yaml")
+    alias["spec"]["serviceAccountName"], alias["spec"]["serviceAccount"] = "", "speaker"  # only the old field
+    assert account(mutated(alias)) == ("speaker", "speaker")
+
+
+def test_every_account_a_gateway_pod_ends_up_with_is_bound_to_the_agents_roles() -> None:
+    docs = list(yaml.safe_load_all((ROOT / "images" / "kubernetes" / "rbac.yaml").read_text()))
+    for kind in ("ClusterRoleBinding", "RoleBinding"):
+        (binding,) = [d for d in docs if d["kind"] == kind]
+        bound = {s["name"] for s in binding["subjects"] if s["kind"] == "ServiceAccount"}
+        assert {account(mutated(pod(name)))[0] for name in FORMS} <= bound, kind
+
+
+def test_readiness_asks_the_agent_only_where_it_routes_no_traffic() -> None:
+    sts = mutated(pod("statefulset-pod.yaml"))["spec"]["containers"][-1]  # routed by its fixed LAN IP
+    assert sts["readinessProbe"]["exec"]["command"][:3] == ["natgw-agent", "health", "--ready"]
+    for name in ("deployment-pod.yaml", "deployment-bgp-pod.yaml"):
+        # HA: kube-ovn routes through Ready replicas only; an agent not ready (CRD, API, a
+        # restarting worker) must not take a serving data plane out of the routes.
+        containers = mutated(pod(name))["spec"]["containers"]
+        assert "readinessProbe" not in containers[-1] and containers[-1]["livenessProbe"]
+        assert containers[:-1] == pod(name)["spec"]["containers"]  # bfdd's readiness stays kube-ovn's
+    orphan = pod("statefulset-pod.yaml")
+    del orphan["metadata"]["ownerReferences"]  # not known to be routed by its IP: the safe side
+    assert "readinessProbe" not in mutated(orphan)["spec"]["containers"][-1]
 
 
 def test_other_pods_and_already_injected_ones_are_left_alone() -> None:
@@ -90,5 +137,5 @@ def test_the_api_attachment_kube_ovn_adds_only_with_its_bgp_speaker() -> None:
     annotations = after["metadata"]["annotations"]
     assert annotations["k8s.v1.cni.cncf.io/networks"] == "kube-system/ovn-vpc-external-network,default/api-net"
     assert annotations["api-net.default.ovn.kubernetes.io/routes"] == '[{"dst":"10.96.0.1/32","gw":"100.64.0.1"}]'
-    already = mutated(pod("deployment-pod.yaml"), options)["metadata"]["annotations"]  # BGP: attached already
+    already = mutated(pod("deployment-bgp-pod.yaml"), options)["metadata"]["annotations"]  # BGP: attached already
     assert already["k8s.v1.cni.cncf.io/networks"] == "kube-system/ovn-vpc-external-network,default/api-net"
