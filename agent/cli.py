@@ -32,7 +32,7 @@ from agent.show import format_show, inspect
 from agent.status import StatusServer, query
 from agent.supervise import supervise
 from agent import webhook
-from agent.crd import CRD_NAME, problems as crd_problems
+from agent.crdcheck import CrdCheck, reader as crd_reader
 from agent.httpserve import host_port
 from agent.inject import GATEWAY_ANNOTATION, Options as InjectOptions
 
@@ -232,24 +232,11 @@ def _api_client(settings: Settings) -> Any:
     return api_client(settings.kubeconfig, settings.token_dir)
 
 
-def _check_crd(api: Any, health: Health, events: Any, settings: Settings) -> None:
-    """Read the IptablesDnatRule CRD (from a thread of its own: the API may be slow) and
-    stay not ready, loudly, when its schema lacks what the agent needs."""
-    from agent.kubeapi import request
-
-    log = structlog.get_logger()
-    try:
-        crd = request(api, "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD_NAME}")
-    except Exception as err:  # forbidden, absent, unreachable: say so and carry on
-        log.warning("cannot read the CRD; carrying on without checking it", crd=CRD_NAME,
-                    error=f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
-        return
-    found_problems = crd_problems(crd)
-    for problem in found_problems:
-        log.error("this cluster cannot work with the agent", problem=problem)
-        if events is not None:
-            events.warning("VpcNatGateway", settings.gateway, "", "UnsupportedCRD", problem)
-    health.problems.extend(found_problems)
+def _check_crd(api: Any, health: Health, events: Any, settings: Settings) -> CrdCheck:
+    """Keep the IptablesDnatRule CRD checked from a thread of its own (agent/crdcheck.py):
+    not ready, loudly, when its schema lacks what the agent needs or until one read
+    succeeds."""
+    return CrdCheck(crd_reader(api), health, events, settings.gateway).start()
 
 
 def _render(settings: Settings, source: Source, wait: float, mode: str, text: bool) -> int:
@@ -300,7 +287,7 @@ def _run(settings: Settings, source: Source, api: Any) -> int:
     metrics.serve_backend_counters(KernelView("ip", settings.table, subscribe=False).counters)
     reconciler = connected(settings, Reporter(events, settings.gateway))
     if api is not None:
-        threading.Thread(target=_check_crd, args=(api, health, events, settings), name="crd", daemon=True).start()
+        _check_crd(api, health, events, settings)
     try:
         status: StatusServer | None = StatusServer(settings.state_dir / "agent.sock", health.answer(reconciler.caps))
     except OSError as err:  # `natgw-agent health` will say so; the data plane is programmed all the same

@@ -237,6 +237,14 @@ def crd_with(fields: list[str]) -> dict[str, Any]:
 BASE_FIELDS = ["eip", "externalPort", "protocol", "internalIp", "internalPort"]  # kube-ovn v1.14's
 
 
+def crd_check(fake: FakeKube, health: Any, events: Any = None, **kwargs: Any) -> Any:
+    """The agent's CRD check (agent/crdcheck.py), reading through the client as `run` does."""
+    from agent.backoff import Backoff
+    from agent.crdcheck import CrdCheck, reader
+
+    return CrdCheck(reader(api_client(fake)), health, events, "gw1", **{"backoff": Backoff(0.05, 0.2, jitter=0), **kwargs})
+
+
 @pytest.mark.parametrize("fields, missing", [
     (BASE_FIELDS, ["type", "sessionAffinity", "sessionAffinityTimeoutSeconds"]),
     ([*BASE_FIELDS, "type"], ["sessionAffinity", "sessionAffinityTimeoutSeconds"]),
@@ -244,7 +252,6 @@ BASE_FIELDS = ["eip", "externalPort", "protocol", "internalIp", "internalPort"] 
 ])
 def test_the_crd_schema_decides_readiness_and_is_said_in_events(fake: FakeKube, fields: list[str],
                                                                missing: list[str]) -> None:
-    from agent.cli import _check_crd
     from agent.health import Health
 
     fake.set_crd(crd_with(fields))
@@ -253,27 +260,66 @@ def test_the_crd_schema_decides_readiness_and_is_said_in_events(fake: FakeKube, 
     events = EventRecorder(api_client(fake), "kube-system", host="gw1")
     events.start()
     try:
-        _check_crd(api_client(fake), health, events, SETTINGS)
+        check = crd_check(fake, health, events)
+        for _ in range(3):  # read again and again (the periodic check): the same verdict, said once
+            check.check_once()
         assert [p.split("spec.")[1].split(":")[0] for p in health.problems] == missing
         assert all("kube-ovn" in p for p in health.problems)  # and which kube-ovn it takes
         assert health.readyz()[0] is (not missing)
         wait(lambda: events.sent == len(missing), what="one Event per missing field")
+        time.sleep(0.1)
+        assert events.sent == len(missing)
     finally:
         events.stop()
     recorded = fake.objects("events", namespace="kube-system")
     assert [(e["reason"], e["involvedObject"]["kind"]) for e in recorded] == [("UnsupportedCRD", "VpcNatGateway")] * len(missing)
 
 
-def test_an_unreadable_crd_is_said_and_the_agent_carries_on(fake: FakeKube) -> None:
+def test_an_unreadable_crd_keeps_the_agent_not_ready_until_one_read_succeeds(fake: FakeKube) -> None:
     import structlog
 
-    from agent.cli import _check_crd
     from agent.health import Health
 
     health = Health(60, 30)
+    health.synced()
+    fake.fail_next(2, status=503, verb="get")  # right after start: the API is not quite there
     with structlog.testing.capture_logs() as logs:
-        _check_crd(api_client(fake), health, None, SETTINGS)  # no such CRD: 404
-    assert health.problems == [] and any("cannot read the CRD" in e["event"] for e in logs)
+        check = crd_check(fake, health)
+        assert health.problems == ["CRD not checked yet (reading iptables-dnat-rules.kubeovn.io)"]  # before any answer
+        delays = [check.check_once() for _ in range(2)]
+        assert health.problems == ["CRD not checked yet (iptables-dnat-rules.kubeovn.io: HTTP 503 Service Unavailable)"]
+        assert health.readyz() == (False, {"status": "not ready", "reason": health.problems[0]})
+        assert delays == [0.05, 0.1]  # backing off ...
+        fake.set_crd(crd_with([*BASE_FIELDS, "type", "sessionAffinity", "sessionAffinityTimeoutSeconds"]))
+        assert check.check_once() == check._interval  # ... until one read answers: then periodic
+    assert health.problems == [] and health.readyz()[0] and check.checked
+    assert sum("cannot read the CRD" in e["event"] for e in logs) == 2
+    fake.set_down(True)  # a failed read after a good one keeps the verdict
+    try:
+        check.check_once()
+    finally:
+        fake.set_down(False)
+    assert health.problems == [] and health.readyz()[0]
+
+
+def test_the_check_runs_on_its_own_until_the_crd_answers_then_follows_an_upgrade(fake: FakeKube) -> None:
+    from agent.health import Health
+
+    health = Health(60, 30)
+    health.synced()
+    fake.fail_next(3, status=503, verb="get")  # absent (404) after these, until set_crd
+    check = crd_check(fake, health, interval=0.1).start()
+    try:
+        wait(lambda: sum(r.verb == "get" for r in fake.requests) >= 5, what="reads until one succeeds")
+        assert "HTTP 404" in health.problems[0] and not health.readyz()[0]
+        fake.set_crd(crd_with(BASE_FIELDS))  # kube-ovn without share DNAT
+        wait(lambda: any("spec.type" in p for p in health.problems), what="the old schema's verdict")
+        assert not any("not checked" in p for p in health.problems)
+        fake.set_crd(crd_with([*BASE_FIELDS, "type", "sessionAffinity", "sessionAffinityTimeoutSeconds"]))
+        wait(lambda: health.readyz()[0], what="kube-ovn upgraded: ready without a restart")
+        assert health.problems == []
+    finally:
+        check.stop()
 
 
 PAGED = WatchSettings(**{**FAST.__dict__, "list_page_size": 100})
