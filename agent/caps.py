@@ -22,7 +22,9 @@ PROBE_MAP = "natgw_probe"
 @dataclass(frozen=True)
 class Capabilities:
     nft_version: str = "unknown"
-    """libnftables' version, from its own listing's metainfo."""
+    """nftables' version as `nft --version` reports it (Nft.version(); "unknown" when that
+    fails), not a listing's metainfo: the agent lists nothing through libnftables. For the
+    record only: what the agent does follows the probes."""
 
     kernel: str = "unknown"
     """The kernel release (uname -r)."""

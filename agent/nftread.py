@@ -39,9 +39,7 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 from agent import nfnetlink as nl
 from agent.nfnetlink import MalformedError, Message, NetlinkError, NfSocket, Subscriber
-from agent.ruleset import Elem, Ruleset, data_json, element, goto
-
-Key = tuple[Any, ...]
+from agent.ruleset import Elem, ElemKey, Ruleset, data_json, element, goto
 
 FAMILIES = {"unspec": 0, "inet": 1, "ip": 2, "arp": 3, "netdev": 5, "bridge": 7, "ip6": 10}
 FAMILY_NAMES = {v: k for k, v in FAMILIES.items()}
@@ -203,14 +201,14 @@ def _value_decoder(types: list[int], total: int, host_order: bool = False) -> Ca
     if types == [7, 12, 13]:  # identity key: address . protocol . port
         fmt = struct.Struct("!4BB3xH2x")
 
-        def identity(b: bytes) -> Key:
+        def identity(b: bytes) -> ElemKey:
             a0, a1, a2, a3, p, port = fmt.unpack(b)
             return (f"{a0}.{a1}.{a2}.{a3}", _PROTOS.get(p, p), port)
         return identity
     if types == [7, 13]:  # backend data: address . port
         pair = struct.Struct("!4BH2x")
 
-        def backend(b: bytes) -> Key:
+        def backend(b: bytes) -> tuple[Any, ...]:
             a0, a1, a2, a3, port = pair.unpack(b)
             return (f"{a0}.{a1}.{a2}.{a3}", port)
         return backend
@@ -234,8 +232,8 @@ class SetInfo:
     decl: dict[str, Any]  # the canonical declaration (render.py's form)
     handle: int | None = None
     key_host_order: bool = False
-    decode_key: Callable[[bytes], Key] = field(default=lambda b: (b,), compare=False, repr=False)
-    decode_data: Callable[[bytes], Key] | None = field(default=None, compare=False, repr=False)
+    decode_key: Callable[[bytes], ElemKey] = field(default=lambda b: (b,), compare=False, repr=False)
+    decode_data: Callable[[bytes], tuple[Any, ...]] | None = field(default=None, compare=False, repr=False)
 
     @property
     def anonymous(self) -> bool:
@@ -319,7 +317,7 @@ def decode_set(attrs: Mapping[int, bytes], family: int) -> SetInfo:
 # --- set elements: the hot path -----------------------------------------------------------
 
 class Element(NamedTuple):
-    key: Key
+    key: ElemKey
     value: Any  # map data (decoded), None for a plain set
     comment: str | None
     counter: tuple[int, int] | None  # (packets, bytes)
@@ -371,7 +369,7 @@ def _counter_of(buf: bytes, a: int, b: int) -> tuple[int, int] | None:
     return packets, nbytes
 
 
-def _data(raw: bytes, kind: int, decode: Callable[[bytes], Key] | None) -> Any:
+def _data(raw: bytes, kind: int, decode: Callable[[bytes], tuple[Any, ...]] | None) -> Any:
     """A map element's data: a verdict, or a value of the map's data type."""
     if kind == DATA_VERDICT:
         return _verdict(raw)
@@ -382,7 +380,7 @@ def _data(raw: bytes, kind: int, decode: Callable[[bytes], Key] | None) -> Any:
 
 
 def decode_elements(buf: bytes, start: int, end: int, info: SetInfo,
-                    key_cache: dict[bytes, Key] | None = None) -> list[Element]:
+                    key_cache: dict[bytes, ElemKey] | None = None) -> list[Element]:
     """The elements of an NFTA_SET_ELEM_LIST_ELEMENTS nest (buf[start:end]). One element
     that does not parse ends the list with a marker element (key ("<malformed>", n))."""
     unpack = _NLA.unpack_from
@@ -804,9 +802,9 @@ class TableState:
     sets: dict[str, dict[str, Any]]  # named sets and maps -> declaration
     chains: dict[str, dict[str, Any]]  # name -> declaration ({} for a regular chain)
     rules: dict[str, tuple[dict[str, Any], ...]]  # chain -> its rules, in order
-    elements: dict[str, dict[Key, Elem]]  # map -> key -> Elem(value, comment)
-    counters: dict[str, dict[Key, tuple[int, int]]]  # map -> key -> (packets, bytes)
-    entries: dict[str, list[tuple[Key, int | None]]]  # plain set -> [(key, ms to expiry)], sorted
+    elements: dict[str, dict[ElemKey, Elem]]  # map -> key -> Elem(value, comment)
+    counters: dict[str, dict[ElemKey, tuple[int, int]]]  # map -> key -> (packets, bytes)
+    entries: dict[str, list[tuple[ElemKey, int | None]]]  # plain set -> [(key, ms to expiry)], sorted
     generation: int = field(default=0, compare=False)
     set_info: dict[str, SetInfo] = field(default_factory=dict, compare=False, repr=False)
     notifications: tuple[Message, ...] = field(default=(), compare=False, repr=False)
@@ -901,11 +899,11 @@ def _assemble(family: int, table: str, set_msgs: list[Message], elem_msgs: Mappi
               chain_msgs: Iterable[Message], rule_msgs: Iterable[Message], elements: bool, gen: int,
               infos: dict[str, SetInfo]) -> TableState:
     sets: dict[str, dict[str, Any]] = {}
-    elems: dict[str, dict[Key, Elem]] = {}
-    counters: dict[str, dict[Key, tuple[int, int]]] = {}
-    entries: dict[str, list[tuple[Key, int | None]]] = {}
+    elems: dict[str, dict[ElemKey, Elem]] = {}
+    counters: dict[str, dict[ElemKey, tuple[int, int]]] = {}
+    entries: dict[str, list[tuple[ElemKey, int | None]]] = {}
     anon: dict[str, list[Element]] = {}
-    key_caches: dict[tuple[Any, ...], dict[bytes, Key]] = {}
+    key_caches: dict[tuple[Any, ...], dict[bytes, ElemKey]] = {}
     for m in set_msgs:  # a set message that did not decode: marked under its name if known
         try:
             a = m.attrs()
