@@ -32,7 +32,9 @@ from agent.show import format_show, inspect
 from agent.status import StatusServer, query
 from agent.supervise import supervise
 from agent import webhook
+from agent.caps import Capabilities
 from agent.crdcheck import CrdCheck, reader as crd_reader
+from agent.privateprobe import from_status, probe_private
 from agent.httpserve import host_port
 from agent.inject import GATEWAY_ANNOTATION, Options as InjectOptions
 
@@ -61,6 +63,10 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--token-dir", type=Path, default=Path(os.environ["NATGW_TOKEN_DIR"]) if os.environ.get(
             "NATGW_TOKEN_DIR") else None, help="in-cluster token and ca.crt from here instead of the automount path "
                                               "(default: $NATGW_TOKEN_DIR)")
+        if name == "diff":
+            s.add_argument("--state-dir", type=Path, default=Settings.state_dir,
+                           help="where the running agent's status socket is: the diff uses its probed capabilities, "
+                                "as its syncs do (else the probe runs in a private network namespace: root)")
         if name == "render":
             s.add_argument("--text", action="store_true",
                            help="print nft text, as the kernel would list it (root: uses a private namespace)")
@@ -167,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
 
         source = KubeSource(api, settings.watch)
     if args.command in ("render", "diff"):
-        return _render(settings, source, wait=0 if api is None else 30, mode=args.command, text=getattr(args, "text", False))
+        return _render(settings, source, wait=0 if api is None else 30, mode=args.command, text=getattr(args, "text", False),
+                       state_dir=getattr(args, "state_dir", None))
     return _run(settings, source, api)
 
 
@@ -239,7 +246,28 @@ def _check_crd(api: Any, health: Health, events: Any, settings: Settings) -> Crd
     return CrdCheck(crd_reader(api), health, events, settings.gateway).start()
 
 
-def _render(settings: Settings, source: Source, wait: float, mode: str, text: bool) -> int:
+def _diff_capabilities(state_dir: Path, table: str) -> Capabilities:
+    """What a sync would use: the running agent's probed capabilities, else a probe of its
+    own in a private namespace (agent/privateprobe.py); RuntimeError if neither."""
+    found = from_status(_agent_status(state_dir / "agent.sock"))
+    if found is not None:
+        return found
+    try:
+        return probe_private(table)
+    except RuntimeError as err:
+        raise RuntimeError(f"no agent answered at {state_dir / 'agent.sock'} and the probe in a private network "
+                           f"namespace failed ({err}): give --state-dir of the running agent, or run as root") from err
+
+
+def _render(settings: Settings, source: Source, wait: float, mode: str, text: bool,
+            state_dir: Path | None = None) -> int:
+    caps = None
+    if mode == "diff":
+        try:
+            caps = _diff_capabilities(state_dir or settings.state_dir, settings.table)
+        except RuntimeError as err:
+            print(f"natgw-agent diff: {err}", file=sys.stderr)
+            return 1
     source.start()
     deadline = time.monotonic() + wait
     while not (source.poll() or source.ready) and time.monotonic() < deadline:
@@ -249,11 +277,12 @@ def _render(settings: Settings, source: Source, wait: float, mode: str, text: bo
         print(f"natgw-agent: could not read the rules (waited {wait:.0f}s)", file=sys.stderr)
         return 1
     desired, _ = evaluate(source.objects(), settings, Reporter())
-    if mode == "diff":
-        # Against the kernel, with the kernel's slots: exactly what a sync would send now.
+    if caps is not None:
+        # Against the kernel, with the kernel's slots and the probed capabilities (one JSON
+        # transaction on nft >= 1.1): exactly what a sync would send now.
         kernel = KernelView("ip", settings.table, subscribe=False).read()
         wanted = render(desired.services, kernel or EMPTY, settings.affinity_set_size, settings.priority)
-        todo = plan(kernel, wanted, "ip", settings.table)
+        todo = plan(kernel, wanted, "ip", settings.table, text_maps=not caps.json_concat_maps)
         sys.stdout.write(document(todo.commands) if todo else "")
         return 1 if todo else 0
     wanted = render(desired.services, EMPTY, settings.affinity_set_size, settings.priority)

@@ -43,3 +43,48 @@ def test_the_supervisor_does_not_restart_a_worker_that_refuses_its_arguments(mon
 
     monkeypatch.delenv("GATEWAY_NAME", raising=False)
     assert supervise(["run", "--from-dir", str(tmp_path)]) == 2  # once, not in a loop
+
+
+@pytest.mark.parametrize("version", ["1.0.6", "1.1.3"])
+def test_diff_plans_with_the_running_agents_capabilities_as_its_syncs_do(version, monkeypatch, capsys, tmp_path,
+                                                                         web_objects):
+    import json
+
+    from agent.caps import probe
+    from agent.desired import ListCatalog
+    from agent.health import Health
+    from agent.reconcile import Reconciler
+    from agent.settings import Settings
+    from agent.status import StatusServer
+    from tests.fakenft import FakeNft, edges
+
+    fake = FakeNft(version)
+    caps = probe(*edges(fake), "ip", "natgw")  # as the running agent found them at its start
+    monkeypatch.setattr("agent.cli.KernelView", lambda family, table, **_: fake.view(family, table))
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "rules.json").write_text(json.dumps({"kind": "List", "items": web_objects}))
+    server = StatusServer(tmp_path / "agent.sock", Health(60, 30).answer(caps))
+    try:
+        assert main(["diff", "--gateway", "gw1", "--from-dir", str(rules), "--state-dir", str(tmp_path)]) == 1
+    finally:
+        server.close()
+    shown = json.loads(capsys.readouterr().out)["nftables"]
+    Reconciler(Settings(gateway="gw1", conntrack=False), *edges(fake), caps=caps).sync(ListCatalog(web_objects))
+    maps = [c["add"]["map"]["map"] for c in shown if c.get("add", {}).get("map", {}).get("name", "").startswith("backend_")]
+    if caps.json_concat_maps:  # nft 1.1: one JSON transaction, exactly the one the sync sent
+        assert fake.batches[-1] == shown and fake.texts == []
+        assert maps and all(m == ["ipv4_addr", "inet_service"] for m in maps)
+    else:  # nft 1.0.6: the maps went as text first, the rest as the JSON transaction
+        assert maps and all(m == "ipv4_addr . inet_service" for m in maps) and fake.texts
+        assert fake.batches[-1] == [c for c in shown if c["add"].get("map", {}).get("map") not in maps]
+
+
+def test_diff_without_an_agent_or_a_private_namespace_says_so(monkeypatch, capsys, tmp_path):
+    def no_unshare(table):
+        raise RuntimeError("unshare: unshare failed: Operation not permitted")
+
+    monkeypatch.setattr("agent.cli.probe_private", no_unshare)
+    assert main(["diff", "--gateway", "gw1", "--from-dir", str(tmp_path), "--state-dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "no agent answered" in err and "Operation not permitted" in err
