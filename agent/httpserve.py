@@ -1,9 +1,10 @@
 """HTTP servers with bounds: at most `limit` requests in flight (more are refused at once,
-never queued behind a slow one), a timeout on every connection, optional TLS with the
-handshake in the request's own thread. For the metrics endpoint and the admission
-webhook: neither may pile up threads or hold the agent."""
+never queued behind a slow one), `timeout` seconds for a whole request (TLS handshake,
+reading, answering), optional TLS with the handshake in the request's own thread. For the
+metrics endpoint and the admission webhook: neither may pile up threads or hold the agent."""
 from __future__ import annotations
 
+import socket
 import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -31,9 +32,16 @@ class BoundedServer(ThreadingHTTPServer):
         super().process_request(request, client_address)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
+        # A timeout per socket operation alone lets a client sending a byte every few
+        # seconds hold a slot for ever: at the deadline the socket is shut, which ends the
+        # read or write in progress (and every later one) in this thread.
+        deadline = threading.Timer(self._timeout, _cut, args=(request,))
+        deadline.daemon = True
+        deadline.start()
         try:
             super().process_request_thread(request, client_address)
         finally:
+            deadline.cancel()
             self._slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -42,6 +50,15 @@ class BoundedServer(ThreadingHTTPServer):
     def start(self, name: str) -> BoundedServer:
         threading.Thread(target=self.serve_forever, name=name, daemon=True).start()
         return self
+
+
+def _cut(request: socket.socket) -> None:
+    try:
+        # The plain socket's shutdown, also under TLS: SSLSocket's own would drop its TLS
+        # state under the request's thread.
+        socket.socket.shutdown(request, socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed: the request ended just now
 
 
 def respond(handler: BaseHTTPRequestHandler, code: int, content_type: str, data: bytes) -> None:
