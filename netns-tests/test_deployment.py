@@ -41,6 +41,8 @@ def test_killing_the_worker_three_times_under_load_fails_no_connection(lab, supe
     program(agent, *WEB, *APP, identities=2)
     warm = lab.tcp_connect(EIP, 443, 40, sources=CLIENTS)  # pin every client
     assert warm["failed"] == 0
+    held = {client: sorted(b for b, n in per.items() if n) for client, per in warm["by_source"].items()}
+    assert set(held) == set(CLIENTS) and all(len(b) == 1 for b in held.values()), held  # each pinned to one
     before = kernel_table(lab)
     traffic = load(lab, 9.0)
     pids = []
@@ -59,8 +61,7 @@ def test_killing_the_worker_three_times_under_load_fails_no_connection(lab, supe
                  what=f"programming after kill {n + 1}")
     result = json.loads(traffic.communicate(timeout=60)[0].strip().splitlines()[-1])
     assert result["failures"] == [] and result["connections"] > 300, result["failures"][:5]
-    for client, backends in result["pinned"]["443"].items():  # ClientIP held through all three
-        assert backends == sorted(b for b, n in warm["by_source"][client].items() if n), client
+    assert result["pinned"]["443"] == held  # all 20 clients came, each kept its backend through all three kills
     assert set(before["entries"]) <= set(kernel_table(lab)["entries"])
     assert agent.proc.poll() is None, "the supervisor (the container's main process) died"
     assert len(set(pids)) == 3

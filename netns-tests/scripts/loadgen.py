@@ -1,7 +1,7 @@
 """Run inside the client namespace: load for the resilience tests, as a child process.
 
   tcp DURATION EIP PORT [PORT ...]  new TCP connections back to back, ports in turn,
-                                    source addresses 172.18.0.101-120 in turn
+                                    each port from source addresses 172.18.0.101-120 in turn
   udp DURATION EIP PORT SRCPORT     one UDP flow (fixed source port), a datagram every 20 ms
 
 Prints one JSON line when done: for tcp, counts per port and backend and every failure;
@@ -22,7 +22,9 @@ def tcp(duration: float, eip: str, ports: list[int]) -> dict:
     pinned: dict[str, dict[str, set[str]]] = {}
     end, n = time.monotonic() + duration, 0
     while time.monotonic() < end:
-        port, source = ports[n % len(ports)], CLIENTS[n % len(CLIENTS)]
+        # Every port sees every client: chosen together (both by n), port p would only see
+        # the clients whose number has p's remainder (with 2 ports, 10 of the 20 each).
+        port, source = ports[n % len(ports)], CLIENTS[(n // len(ports)) % len(CLIENTS)]
         n += 1
         try:
             with socket.create_connection((eip, port), timeout=1.0, source_address=(source, 0)) as conn:
