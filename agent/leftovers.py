@@ -1,21 +1,21 @@
 """What a committed change leaves behind, and who must clear it. Pure: no I/O.
 
-NAT chains see only a flow's first packet, so a flow keeps its backend for as long as its
-conntrack entry lives: entries must go when their identity (or, for UDP, their backend)
-does, or a client keeps sending into a black hole. Affinity entries of a backend that left
-its slot must go before the slot is reused, or its old clients follow the newcomer."""
+Identities that went: every conntrack entry toward them must go (agent/flows.py decides
+by state, agent/cleanup.py does it). Affinity entries of a backend that left its slot:
+they must go before the slot is given to another backend of the identity, or its old
+clients follow the newcomer (agent/render.py keeps such a slot blocked until then)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from agent.layout import SERVICES, affinity_set, identity_key, key_identity, slots_of, sticky_slots
-from agent.model import Backend, Identity
+from agent.layout import SERVICES, affinity_set, identity_key, key_identity, sticky_slots
+from agent.model import Identity
 from agent.ruleset import ElemKey, Ruleset
 
 
 @dataclass(frozen=True)
 class Leftovers:
-    flows: tuple[tuple[Identity, Backend | None], ...] = ()  # (identity, None): all its flows
+    gone: tuple[Identity, ...] = ()  # identities that went: all their flows go
     affinity: dict[int, frozenset[ElemKey]] = field(default_factory=dict)  # slot -> identity keys stale there
 
 
@@ -23,24 +23,15 @@ NOTHING = Leftovers()
 
 
 def leftovers(before: Ruleset, after: Ruleset) -> Leftovers:
-    """After a change from `before` to `after` committed: flows of removed identities (and
-    UDP flows of removed backends; a TCP flow finishes on its backend), and the affinity
-    entries that no longer point at their backend, per slot."""
+    """After a change from `before` to `after` committed: the identities that went, and
+    the affinity entries that no longer point at their backend, per slot."""
     if not before.elements.get(SERVICES):
         return NOTHING  # nothing was there to go (a start from an empty table)
     before, after = _differing(before, after)
     if not before.elements.get(SERVICES):
         return NOTHING  # no identity that was there changed
-    flows: list[tuple[Identity, Backend | None]] = []
     old_ids = {key_identity(k) for k in before.elements.get(SERVICES, {})}
     new_ids = {key_identity(k) for k in after.elements.get(SERVICES, {})}
-    flows += [(identity, None) for identity in sorted(old_ids - new_ids)]
-    old_slots, new_slots = slots_of(before), slots_of(after)
-    for identity in sorted(old_ids & new_ids):
-        if identity.proto != "udp":
-            continue  # a TCP flow finishes on its backend; a UDP one would never move
-        for backend in sorted(set(old_slots.get(identity, {})) - set(new_slots.get(identity, {}))):
-            flows.append((identity, backend))
     stale: dict[int, set[ElemKey]] = {}
     new_sticky = sticky_slots(after)
     for identity, held in sticky_slots(before).items():
@@ -49,7 +40,7 @@ def leftovers(before: Ruleset, after: Ruleset) -> Leftovers:
                 stale.setdefault(slot, set()).add(identity_key(identity))
     affinity = {slot: frozenset(keys) for slot, keys in stale.items()
                 if affinity_set(slot) in after.sets}  # else the set itself went, entries with it
-    return Leftovers(tuple(flows), affinity)
+    return Leftovers(tuple(sorted(old_ids - new_ids)), affinity)
 
 
 def _differing(before: Ruleset, after: Ruleset) -> tuple[Ruleset, Ruleset]:

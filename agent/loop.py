@@ -2,7 +2,8 @@
 change, a kernel change notification, a timer that is due -- and then does it: sync
 (changes arriving together within a few milliseconds go as one), repair drift, retry a
 failure after a capped, jittered backoff and a full read-back, resync hourly, retire
-emptied chains, clear stale affinity entries; and it tells health and metrics.
+emptied chains, delete stale affinity entries a slice at a time (the cleanup thread,
+agent/cleanup.py, finds them and clears conntrack); and it tells health and metrics.
 
 Why no fixed tick: a 200 ms tick made a watch event wait 87 ms on median before the sync
 (which itself takes ~2 ms), and woke an idle agent five times a second. Now a change is
@@ -135,10 +136,14 @@ class Loop:
         source_fd = self._source_fd()
         if source_fd is not None:
             selector.register(source_fd, selectors.EVENT_READ, "source")
+        cleanup = self.reconciler.cleanup
+        cleanup.wake, cleanup.report = self.waker.wake, self.metrics.cleaned
+        cleanup.start()
         try:
             while not self.stop.is_set():
                 self.turn(selector, attach is not None or source_fd is not None)
         finally:
+            cleanup.stop()
             selector.close()
             self.waker.close()
 
@@ -191,7 +196,9 @@ class Loop:
             self.metrics.watch_counts(restarts, self.source.relists)  # type: ignore[attr-defined]
         try:
             self.reconciler.retire_chains()
-            self.reconciler.clean_affinity()
+            deleted = self.reconciler.clean_affinity()
+            if deleted:
+                self.metrics.affinity_deleted.inc(deleted)
         except Exception:
             log.exception("post-sync cleanup failed")
 
@@ -260,5 +267,3 @@ def _record(metrics: Metrics, reconciler: Reconciler, result: SyncResult, took: 
     metrics.identities.set(result.identities)
     metrics.backends.set(result.backends)
     metrics.set_invalid(reconciler.state.errors)
-    if result.flows_deleted:
-        metrics.conntrack_deleted.inc(result.flows_deleted)

@@ -45,8 +45,16 @@ class Metrics:
         self.identities = Gauge("natgw_identities", "Identities (EIP:port/proto) programmed.", registry=r)
         self.backends = Gauge("natgw_backends", "Backends programmed, over all identities.", registry=r)
         self.invalid = Gauge("natgw_invalid_rules", "Rules left out, by the field at fault.", ["field"], registry=r)
-        self.conntrack_deleted = Counter("natgw_conntrack_entries_deleted_total",
-                                         "Conntrack entries deleted after identities or UDP backends went.", registry=r)
+        self.conntrack_deleted = Counter(
+            "natgw_conntrack_entries_deleted_total",
+            "Conntrack entries deleted: of identities that went, UDP ones not NATed to a current backend.", registry=r)
+        self.affinity_deleted = Counter("natgw_affinity_entries_deleted_total",
+                                        "ClientIP affinity entries deleted after their backend left its slot.",
+                                        registry=r)
+        self.cleanup_duration = Histogram(
+            "natgw_cleanup_duration_seconds",
+            "One cleanup pass off the loop's path: conntrack (dumps and deletes), affinity-read (set reads).",
+            ["kind"], buckets=_SYNC_BUCKETS, registry=r)
         self.watch_restarts = Counter("natgw_watch_restarts_total",
                                       "Watch streams started again after one ended (Kubernetes source).", registry=r)
         self.watch_relists = Counter("natgw_watch_relists_total",
@@ -65,6 +73,12 @@ class Metrics:
             for field, n in counts.items():
                 self.invalid.labels(field).set(n)
             self._fields |= set(counts)
+
+    def cleaned(self, kind: str, deleted: int, seconds: float) -> None:
+        """A cleanup pass finished (agent/cleanup.py's report; any thread)."""
+        self.cleanup_duration.labels(kind).observe(seconds)
+        if kind == "conntrack" and deleted:
+            self.conntrack_deleted.inc(deleted)
 
     def watch_counts(self, restarts: int, relists: int) -> None:
         """Bring the watch counters up to a source's running totals."""

@@ -1,8 +1,11 @@
-"""nfnetlink transport for nf_tables: raw AF_NETLINK sockets and the attribute codec.
+"""nfnetlink transport (nf_tables, and conntrack's ctnetlink): raw AF_NETLINK sockets
+and the attribute codec.
 
-No nftables semantics here (agent/nftread.py decodes objects). Three pieces:
+No nftables or conntrack semantics here (agent/nftread.py and agent/ctnetlink.py decode
+objects). Three pieces:
 
-- `NfSocket`: requests and multipart dumps over one NETLINK_NETFILTER socket. A netlink
+- `NfSocket`: requests, batches of acked requests and multipart dumps over one
+  NETLINK_NETFILTER socket, for one nfnetlink subsystem. A netlink
   socket belongs to the network namespace it was created in, whatever the process does
   later. Sequence numbers are checked (a reply to an earlier, abandoned request is
   dropped), every receive has a timeout, and a dump records whether any of its messages
@@ -50,6 +53,7 @@ NETLINK_ADD_MEMBERSHIP, NETLINK_CAP_ACK, NETLINK_EXT_ACK = 1, 10, 11
 SO_RCVBUFFORCE = 33
 
 # linux/netfilter/nfnetlink.h
+NFNL_SUBSYS_CTNETLINK = 1
 NFNL_SUBSYS_NFTABLES = 10
 NFNLGRP_NFTABLES = 7
 NFNETLINK_V0 = 0
@@ -276,11 +280,13 @@ class Dump:
 
 
 class NfSocket:
-    """One NETLINK_NETFILTER socket for requests and dumps, in the network namespace of
-    the thread that creates it."""
+    """One NETLINK_NETFILTER socket for requests and dumps of one subsystem (nf_tables
+    unless told), in the network namespace of the thread that creates it."""
 
-    def __init__(self, timeout: float = DEFAULT_TIMEOUT, rcvbuf: int = _SOCK_RCVBUF) -> None:
+    def __init__(self, timeout: float = DEFAULT_TIMEOUT, rcvbuf: int = _SOCK_RCVBUF,
+                 subsys: int = NFNL_SUBSYS_NFTABLES) -> None:
         self.timeout = timeout
+        self.subsys = subsys
         self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
         try:
             _grow_rcvbuf(self._sock, rcvbuf)
@@ -316,14 +322,36 @@ class NfSocket:
 
     def send(self, msg: int, family: int, payload: bytes, flags: int) -> int:
         seq = self._next_seq()
-        self._sock.send(build_message(nft_type(msg), NLM_F_REQUEST | flags, seq, family, payload))
+        self._sock.send(build_message(self.subsys << 8 | msg, NLM_F_REQUEST | flags, seq, family, payload))
         return seq
+
+    def batch(self, msg: int, family: int, payloads: list[bytes], timeout: float | None = None) -> list[int]:
+        """Many requests of one kind in one datagram (the kernel takes them in order), each
+        acked: their errnos, in order (0: done). A few hundred at a time: the datagram
+        must fit the socket's send buffer (~200 KB by default)."""
+        seqs = [self._next_seq() for _ in payloads]
+        kind = self.subsys << 8 | msg
+        self._sock.send(b"".join(build_message(kind, NLM_F_REQUEST | NLM_F_ACK, seq, family, p)
+                                 for seq, p in zip(seqs, payloads)))
+        index = {seq: i for i, seq in enumerate(seqs)}
+        codes: list[int | None] = [None] * len(seqs)
+        left, what = len(seqs), f"batch of {len(seqs)} msg {msg}"
+        limit = self.timeout if timeout is None else timeout
+        while left:
+            for m in self._datagram(what, limit):
+                i = index.get(m.seq)
+                if i is None or m.type != NLMSG_ERROR or codes[i] is not None:
+                    self.dropped += 1
+                    continue
+                codes[i] = error_code(m)[0]
+                left -= 1
+        return [c or 0 for c in codes]
 
     def request(self, msg: int, family: int, attrs: Iterable[bytes] = (), flags: int = 0,
                 timeout: float | None = None) -> Message | None:
         """One request, one answer: the kernel's message (None when it answered only an
         ack, with NLM_F_ACK in flags). Raises NetlinkError with the kernel's errno."""
-        what = f"nft msg {msg}"
+        what = f"request {self.subsys}/{msg}"
         seq = self.send(msg, family, b"".join(attrs), flags)
         answer: Message | None = None
         limit = self.timeout if timeout is None else timeout
@@ -344,22 +372,26 @@ class NfSocket:
              timeout: float | None = None) -> Dump:
         """Start a multipart dump (NLM_F_DUMP); iterate the returned Dump for its messages."""
         seq = self.send(msg, family, b"".join(attrs), NLM_F_DUMP | flags)
-        return Dump(self, seq, f"nft dump {msg}", self.timeout if timeout is None else timeout)
+        return Dump(self, seq, f"dump {self.subsys}/{msg}", self.timeout if timeout is None else timeout)
 
     def _receive(self, seq: int, what: str, timeout: float) -> Iterator[Message]:
         """The messages of the next datagram answering `seq` (older answers dropped)."""
         while True:
-            data = self._recv(what, timeout)
-            try:
-                messages = list(split_messages(data))
-            except MalformedError as err:
-                raise NetlinkError(errnos.EBADMSG, what, str(err)) from None
+            messages = self._datagram(what, timeout)
             mine = [m for m in messages if m.seq == seq]
             # Anything else answers an earlier request of this socket (an abandoned dump's
             # tail): the kernel sends nothing unasked on a socket outside any group.
             self.dropped += len(messages) - len(mine)
             if mine:
                 return iter(mine)
+
+    def _datagram(self, what: str, timeout: float) -> list[Message]:
+        """The messages of the next datagram."""
+        data = self._recv(what, timeout)
+        try:
+            return list(split_messages(data))
+        except MalformedError as err:
+            raise NetlinkError(errnos.EBADMSG, what, str(err)) from None
 
     def _recv(self, what: str, timeout: float) -> bytes:
         sock = self._sock

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Iterable, Protocol
 
 import structlog
 
-from agent import conntrack
 from agent.caps import UNPROBED, Capabilities
+from agent.cleanup import Cleanup, Slice
 from agent.desired import Catalog, DesiredState, ListCatalog, ObjectKey
 from agent.errors import ApplyError
 from agent.kernel import Damage
 from agent.layout import affinity_set, identity_key
-from agent.leftovers import Leftovers, leftovers
+from agent.leftovers import leftovers
 from agent.legacy import LEGACY_TABLE, takeover_commands
 from agent.memory import gc_paused, trim
 from agent.model import Backend, Identity
@@ -27,7 +27,6 @@ from agent.ruleset import EMPTY, ElemKey, Ruleset, key_json, patched
 from agent.settings import Settings
 
 log = structlog.get_logger()
-FlowCleaner = Callable[[Identity, "Backend | None"], int]
 
 
 class View(Protocol):
@@ -48,7 +47,6 @@ class SyncResult:
     identities: int
     backends: int
     invalid: int
-    flows_deleted: int
 
 
 class Reconciler:
@@ -59,24 +57,30 @@ class Reconciler:
     they touch (kube-proxy's partial sync); the first sync, one after a failure, a relist
     or a periodic resync is a full one."""
 
-    def __init__(self, settings: Settings, nft: Nft, view: View, flows: FlowCleaner | None = None,
+    def __init__(self, settings: Settings, nft: Nft, view: View, cleanup: Cleanup | None = None,
                  reporter: Reporter | None = None, caps: Capabilities = UNPROBED) -> None:
         self.settings = settings
         self.nft = nft
         self.view = view
         self.caps = caps
-        self.flows = flows or (conntrack.delete_flows if settings.conntrack else (lambda i, b: 0))
+        # Without one given (unit tests): affinity entries read through the view, no conntrack.
+        self.cleanup = cleanup or Cleanup(self.backends, None, lambda: view, settings.cleanup_slice)
         self.reporter = reporter or Reporter()
         self.state = DesiredState(settings.gateway, settings.max_backends, settings.max_identities)
         self.renderer = Renderer(settings.affinity_set_size, settings.priority)
         self.mirror: Ruleset | None = None
         self._full = True  # read the kernel back before the next plan
         self._retiring: dict[str, float] = {}  # emptied chain -> when
-        self._stale_affinity: dict[int, set[ElemKey]] = {}  # slot -> identities whose entries there are stale
         self._legacy: Ruleset | None = None  # the legacy table as last read (--take-over-legacy)
 
     def request_full_sync(self) -> None:
         self._full = True
+
+    def backends(self, identity: Identity) -> tuple[Backend, ...] | None:
+        """An identity's backends as desired now (None: not served). The cleanup thread
+        asks too: one dict get(), atomic, of whichever services dict is current."""
+        service = self.state.services.get(identity)
+        return None if service is None else service.backends
 
     def sync(self, catalog: Catalog | Iterable[Any], changed: Iterable[ObjectKey] | None = None) -> SyncResult:
         """Bring the kernel to the desired state of the catalog's objects; `changed` names
@@ -96,9 +100,10 @@ class Reconciler:
                 self._legacy = self.view.read_other(LEGACY_TABLE)
         if changed is None or self._full or self.mirror is None:
             self.state.rebuild(catalog)
-            change = self.renderer.full(self.state.services, self.mirror)
+            change = self.renderer.full(self.state.services, self.mirror, self.cleanup.blocked)
         else:
-            change = self.renderer.partial(self.state.services, self.state.update(catalog, changed), self.mirror)
+            change = self.renderer.partial(self.state.services, self.state.update(catalog, changed), self.mirror,
+                                           self.cleanup.blocked)
         self._full = False
         self.reporter.report(self.state.errors, self.state.notes)
         todo = self._plan(self.mirror if change.full else change.before, change.wanted)
@@ -116,16 +121,16 @@ class Reconciler:
         now = time.monotonic()
         for name in stale_chains(change.before, change.wanted):
             self._retiring.setdefault(name, now)
-        flows = self._clean_up(leftovers(change.before, change.wanted))
-        result = SyncResult(
+        # After the transaction, so no new such flow or entry can appear; cleared off this path.
+        left = leftovers(change.before, change.wanted)
+        self.cleanup.note(change.changed, left.gone, left.affinity)
+        return SyncResult(
             partial=not change.full,
             commands=len(todo),
             identities=len(self.state.services),
             backends=self.state.backends,
             invalid=len(self.state.errors),
-            flows_deleted=flows,
         )
-        return result
 
     def _commit(self, change: Change) -> None:
         """The kernel took the change: make the mirror say so."""
@@ -197,10 +202,10 @@ class Reconciler:
         return False
 
     def due(self) -> list[float]:
-        """When the reconciler has timed work next (monotonic): a chain to retire, stale
-        affinity entries to clear. Empty: nothing until something happens."""
+        """When the reconciler has timed work next (monotonic): a chain to retire, a slice
+        of stale affinity entries to delete. Empty: nothing until something happens."""
         at = [t + self.settings.retire_delay for t in self._retiring.values()]
-        if self._stale_affinity:
+        if self.cleanup.has_slice():
             at.append(time.monotonic())
         return [min(at)] if at else []
 
@@ -224,52 +229,47 @@ class Reconciler:
             log.warning("retiring chains failed; will read back", chains=len(due), error=err.message)
             self._full = True
 
-    def _clean_up(self, left: Leftovers) -> int:
-        """After a successful apply: flows of removed identities (and UDP flows of removed
-        backends) go now; stale affinity entries are noted for clean_affinity(). After the
-        transaction, so no new such entry can appear."""
-        flows = sum(self.flows(identity, backend) for identity, backend in left.flows)
-        for slot, identities in left.affinity.items():
-            self._stale_affinity.setdefault(slot, set()).update(identities)
-        return flows
-
     def clean_affinity(self) -> int:
-        """Delete the affinity entries that no longer point at their backend (noted by a
-        sync). Off the sync's path: it reads whole sets (~40 ms for 10,000 entries), and
-        no such entry can appear after the transaction that unlinked it, so later is as
-        good. One transaction per set; if an entry expired meanwhile (which fails the
-        whole delete), what remains is read again and deleted in one more. Returns how
-        many went."""
-        deleted = 0
-        stale, self._stale_affinity = self._stale_affinity, {}
-        for slot, identities in sorted(stale.items()):
-            name = affinity_set(slot)
-            for attempt in (1, 2):
-                keys = [k for k in self.view.entries(name) if tuple(k[1:]) in identities]
-                if not keys:
-                    break
-                ref = {"family": self.nft.family, "table": self.nft.table, "name": name}
-                try:
-                    self._apply(one_transaction([{"delete": {"element": {**ref, "elem": [key_json(k) for k in keys]}}}]))
-                except ApplyError as err:
-                    log.info("affinity delete refused (an entry expired meanwhile?); reading the set again",
-                             set=name, entries=len(keys), error=err.message, attempt=attempt)
-                    continue
-                deleted += len(keys)
-                break
-        if deleted:
-            log.info("affinity entries of removed backends deleted", entries=deleted)
-        return deleted
+        """Delete one slice of stale affinity entries that the cleanup thread prepared (at
+        most settings.cleanup_slice: ~20 ms of libnftables), in one transaction: the loop
+        calls it once a turn, after any sync, so a change never waits behind a long delete.
+        Returns how many entries the transaction named."""
+        piece = self.cleanup.next_slice()
+        if piece is None:
+            return 0
+        if piece.keys:
+            try:
+                self._apply(one_transaction([self._delete_entries(piece)]))
+            except ApplyError as err:
+                log.info("affinity delete refused (an entry expired meanwhile?); reading the set again",
+                         set=piece.set_name, entries=len(piece.keys), error=err.message)
+                self.cleanup.applied(piece, False)
+                return 0
+        self.cleanup.applied(piece, True)
+        if piece.keys:
+            log.info("affinity entries of removed backends deleted", set=piece.set_name, entries=len(piece.keys))
+        return len(piece.keys)
+
+    def _delete_entries(self, piece: Slice) -> dict[str, Any]:
+        # destroy (kernel 6.3+, probed): an entry that expired meanwhile fails nothing.
+        verb = "destroy" if self.caps.destroy else "delete"
+        ref = {"family": self.nft.family, "table": self.nft.table, "name": piece.set_name}
+        return {verb: {"element": {**ref, "elem": [key_json(k) for k in piece.keys]}}}
 
 
 def connected(settings: Settings, reporter: Reporter | None = None) -> Reconciler:
     """A reconciler on this network namespace's kernel: libnftables to write, its own
     netlink to read and follow changes, the capabilities probed (and logged)."""
     from agent.caps import probe
+    from agent.ctnetlink import Conntrack
     from agent.kernel import KernelView
 
     view = KernelView("ip", settings.table, also=(LEGACY_TABLE,) if settings.take_over_legacy else ())
     nft = Nft("ip", settings.table)
     caps = probe(nft, view, "ip", settings.table)
     log.info("capabilities", **caps.as_dict())
-    return Reconciler(settings, nft, view, reporter=reporter, caps=caps)
+    reconciler = Reconciler(settings, nft, view, reporter=reporter, caps=caps)
+    # The cleanup thread's own sockets, made in its thread (so in this namespace too).
+    reconciler.cleanup = Cleanup(reconciler.backends, Conntrack if settings.conntrack else None,
+                                 lambda: KernelView("ip", settings.table, subscribe=False), settings.cleanup_slice)
+    return reconciler

@@ -63,16 +63,28 @@ class Change:
     usage: Counter[str]  # shared object -> change in the number of identities needing it
 
 
-def assign_slots(services: Mapping[Identity, Service], previous: Slots) -> Slots:
-    """Keep every surviving backend in its slot; give new ones the lowest free slots."""
+NO_BLOCKS: Mapping[Identity, Collection[int]] = MappingProxyType({})
+
+
+def assign_slots(services: Mapping[Identity, Service], previous: Slots,
+                 blocked: Mapping[Identity, Collection[int]] = NO_BLOCKS) -> Slots:
+    """Keep every surviving backend in its slot; give new ones the lowest free slots. Not
+    free for a ClientIP identity: a slot a departing backend held in `previous`, and any
+    slot `blocked` for it (agent/cleanup.py): its old clients' affinity entries are still
+    there, and would send them to the newcomer."""
     result: Slots = {}
     for identity, service in services.items():
         before = previous.get(identity)
-        if not before:  # a new identity (every one, on a start from an empty table)
+        held = blocked.get(identity, ())
+        if not before and not held:  # a new identity (every one, on a start from an empty table)
             result[identity] = dict(zip(service.backends, range(len(service.backends))))
             continue
+        before = before or {}
         kept = {b: s for b, s in before.items() if b in service.backends}
-        free = (s for s in itertools.count() if s not in kept.values())
+        taken = set(kept.values()) | set(held)
+        if service.affinity:
+            taken |= set(before.values())
+        free = (s for s in itertools.count() if s not in taken)
         for backend in service.backends:
             if backend not in kept:
                 kept[backend] = next(free)
@@ -86,9 +98,10 @@ def render(services: Mapping[Identity, Service], previous: Ruleset, affinity_set
 
 
 def render_all(services: Mapping[Identity, Service], previous: Ruleset, affinity_set_size: int,
-               priority: int) -> tuple[Ruleset, dict[Identity, Pieces]]:
+               priority: int, blocked: Mapping[Identity, Collection[int]] = NO_BLOCKS
+               ) -> tuple[Ruleset, dict[Identity, Pieces]]:
     """The whole table, and each identity's pieces of it."""
-    slots = assign_slots(services, slots_of(previous))
+    slots = assign_slots(services, slots_of(previous), blocked)
     pieces = {i: render_service(s, slots[i], affinity_set_size) for i, s in sorted(services.items())}
     rs = base_ruleset(priority)
     declared: set[int] = set()  # ids of the shared mappings declared so far
@@ -158,13 +171,15 @@ class Renderer:
         self._pieces: dict[Identity, Pieces] = {}  # per identity, as the kernel holds it
         self._usage: Counter[str] = Counter()  # shared object -> identities needing it
 
-    def full(self, services: Mapping[Identity, Service], before: Ruleset | None) -> Change:
+    def full(self, services: Mapping[Identity, Service], before: Ruleset | None,
+             blocked: Mapping[Identity, Collection[int]] = NO_BLOCKS) -> Change:
         """Every identity, with the slots `before` (the kernel's table) holds."""
         before = before or EMPTY
-        wanted, pieces = render_all(services, before, self.affinity_set_size, self.priority)
+        wanted, pieces = render_all(services, before, self.affinity_set_size, self.priority, blocked)
         return Change(True, before, wanted, pieces, frozenset(pieces), Counter())
 
-    def partial(self, services: Mapping[Identity, Service], changed: Collection[Identity], mirror: Ruleset) -> Change:
+    def partial(self, services: Mapping[Identity, Service], changed: Collection[Identity], mirror: Ruleset,
+                blocked: Mapping[Identity, Collection[int]] = NO_BLOCKS) -> Change:
         """The mirror and the desired table restricted to the changed identities' elements,
         with every shared object: what plan() needs to diff just those identities."""
         before, wanted = _shell(mirror), _shell(mirror)
@@ -180,7 +195,7 @@ class Renderer:
             service = services.get(identity)
             if service is not None:
                 previous = {identity: held_slots(old.elements)} if old else {}
-                held = assign_slots({identity: service}, previous)[identity]
+                held = assign_slots({identity: service}, previous, blocked)[identity]
                 new = pieces[identity] = render_service(service, held, self.affinity_set_size)
                 usage.update(new.shared.keys())
                 definitions.update(new.shared)

@@ -120,7 +120,12 @@ class Settings:
     programs, in the agent's own transaction (migration from nat-gateway.sh)."""
 
     conntrack: bool = True
-    """Delete conntrack entries of removed identities (and UDP entries of removed backends)."""
+    """Reconcile conntrack by state after each change (agent/flows.py): entries of removed
+    identities go, and UDP entries not NATed to a current backend of their identity."""
+
+    cleanup_slice: int = 2000
+    """Most stale affinity entries deleted in one transaction, one per loop turn (~20 ms of
+    libnftables at ~10 us an element), so a change never waits behind a long delete."""
 
     watch: WatchSettings = field(default_factory=WatchSettings)
     """The Kubernetes source's list and watch (unused with from_dir)."""

@@ -11,7 +11,7 @@ import pytest
 from tests.builders import ROOT
 
 AGENT = ROOT / "agent"
-PURE = ("model", "desired", "layout", "render", "ruleset", "plan", "leftovers", "legacy")
+PURE = ("model", "desired", "layout", "render", "ruleset", "plan", "leftovers", "flows", "legacy")
 IO = {"nftables", "pyroute2", "subprocess", "socket", "threading", "kubernetes", "prometheus_client", "structlog",
       "ctypes", "os", "http", "urllib3", "yaml"}
 # The loop's own wiring (issue 10): one sync knows nothing of health, metrics or retries.
@@ -64,7 +64,7 @@ def test_the_pure_core_imports_no_io(module: str) -> None:
 
 
 def test_the_contract_can_fail() -> None:
-    assert {"nftables", "socket", "subprocess"} <= closure("nft") | closure("kernel") | closure("conntrack")  # the edges do
+    assert {"nftables", "socket", "subprocess"} <= closure("nft") | closure("kernel") | closure("ctnetlink")  # the edges do
 
 
 def test_the_reconciler_reaches_none_of_the_loops_wiring() -> None:

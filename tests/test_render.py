@@ -33,8 +33,33 @@ def test_assign_slots_is_lowest_free_and_stable():
 
     class Svc:
         backends = (a, c)
+        affinity = False
 
     assert assign_slots({web: Svc}, {web: {a: 3, b: 0}}) == {web: {a: 3, c: 0}}
+
+
+def test_a_clientip_newcomer_never_takes_a_slot_whose_old_pins_remain():
+    """The slot a departing backend held keeps its clients' affinity entries until the
+    cleanup deletes them: given to a newcomer in the same change, or while blocked,
+    those clients would follow the newcomer (and the delete would take its fresh pins)."""
+    web = Identity("1.1.1.1", 80, "tcp")
+    a, b, c, d = (Backend(f"10.0.0.{n}", 1) for n in (1, 2, 3, 4))
+
+    class Sticky:
+        backends = (a, c)
+        affinity = True
+
+    # b left slot 0 in this very change: c takes the lowest slot that no one held.
+    assert assign_slots({web: Sticky}, {web: {a: 1, b: 0}}) == {web: {a: 1, c: 2}}
+    # Slot 0 freed earlier, its old pins not yet deleted: blocked for this identity only.
+    assert assign_slots({web: Sticky}, {web: {a: 1}}, {web: {0}}) == {web: {a: 1, c: 2}}
+    other = Identity("1.1.1.1", 81, "tcp")
+    assert assign_slots({other: Sticky}, {other: {a: 1}}, {web: {0}}) == {other: {a: 1, c: 0}}
+    # Once unblocked the slot is free again.
+    assert assign_slots({web: Sticky}, {web: {a: 1}}) == {web: {a: 1, c: 0}}
+    # A new identity with a blocked slot (it went and came back before the cleanup ran).
+    Sticky.backends = (a, c, d)
+    assert assign_slots({web: Sticky}, {}, {web: {1}}) == {web: {a: 0, c: 2, d: 3}}
 
 
 def test_rule_names_reach_comments_truncated(web_objects):
