@@ -297,6 +297,9 @@ def crd_of(plural: str, kind: str) -> dict[str, Any]:
 def test_crds_set_by_the_test_are_served_by_name(fake: FakeKube, api_client: client.ApiClient) -> None:
     ext = client.ApiextensionsV1Api(api_client)
     name = f"{RULES}.{G}"
+    served = ext.read_custom_resource_definition(name)  # from the start, as in a cluster with kube-ovn
+    assert {"type", "sessionAffinity"} <= set(served.spec.versions[0].schema.open_apiv3_schema.properties["spec"].properties)
+    fake.delete("customresourcedefinitions", name)
     with pytest.raises(NotFoundException) as err:
         ext.read_custom_resource_definition(name)
     body = status_of(err.value)
@@ -322,7 +325,7 @@ def test_crds_set_by_the_test_are_served_by_name(fake: FakeKube, api_client: cli
         ext.list_custom_resource_definition()
     assert err.value.status == 405
     logged = [(r.verb, r.api_group, r.resource, r.namespace, r.name) for r in fake.requests]
-    assert logged == [("get", "apiextensions.k8s.io", "customresourcedefinitions", None, name)] * 3 + [
+    assert logged == [("get", "apiextensions.k8s.io", "customresourcedefinitions", None, name)] * 4 + [
         ("list", "apiextensions.k8s.io", "customresourcedefinitions", None, None)]
 
 

@@ -17,6 +17,7 @@ from agent.report import Reporter, evaluate
 from agent.settings import Settings
 from tests.builders import ROOT, eip, rule
 from tests.kubefake import FakeKube, Request
+from tests.kubefake.crds import BASE_FIELDS, CRD_NAME, SHARE_FIELDS, dnat_rule_crd as crd_with
 
 SETTINGS = Settings(gateway="gw1")
 FAST = WatchSettings(server_timeout=2, connect_timeout=1, inactivity_timeout=3, backoff_min=0.05, backoff_max=0.3)
@@ -222,21 +223,6 @@ def test_invalid_rule_gets_one_warning_event_per_change(world: FakeKube, source:
 
 # ---- the CRD check: a cluster that cannot work is refused loudly
 
-def crd_with(fields: list[str]) -> dict[str, Any]:
-    from agent.crd import CRD_NAME
-
-    return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition", "metadata": {"name": CRD_NAME},
-            "spec": {"group": "kubeovn.io", "scope": "Cluster",
-                     "names": {"plural": "iptables-dnat-rules", "singular": "iptables-dnat-rule",
-                               "kind": "IptablesDnatRule", "shortNames": ["dnat"]},
-                     "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
-                         "type": "object", "properties": {"spec": {"type": "object", "properties": {
-                             f: {"type": "string"} for f in fields}}}}}}]}}
-
-
-BASE_FIELDS = ["eip", "externalPort", "protocol", "internalIp", "internalPort"]  # kube-ovn v1.14's
-
-
 def crd_check(fake: FakeKube, health: Any, events: Any = None, **kwargs: Any) -> Any:
     """The agent's CRD check (agent/crdcheck.py), reading through the client as `run` does."""
     from agent.backoff import Backoff
@@ -248,7 +234,7 @@ def crd_check(fake: FakeKube, health: Any, events: Any = None, **kwargs: Any) ->
 @pytest.mark.parametrize("fields, missing", [
     (BASE_FIELDS, ["type", "sessionAffinity", "sessionAffinityTimeoutSeconds"]),
     ([*BASE_FIELDS, "type"], ["sessionAffinity", "sessionAffinityTimeoutSeconds"]),
-    ([*BASE_FIELDS, "type", "sessionAffinity", "sessionAffinityTimeoutSeconds"], []),
+    (SHARE_FIELDS, []),
 ])
 def test_the_crd_schema_decides_readiness_and_is_said_in_events(fake: FakeKube, fields: list[str],
                                                                missing: list[str]) -> None:
@@ -290,8 +276,7 @@ def test_an_unreadable_crd_keeps_the_agent_not_ready_until_one_read_succeeds(fak
         assert health.problems == ["CRD not checked yet (iptables-dnat-rules.kubeovn.io: HTTP 503 Service Unavailable)"]
         assert health.readyz() == (False, {"status": "not ready", "reason": health.problems[0]})
         assert delays == [0.05, 0.1]  # backing off ...
-        fake.set_crd(crd_with([*BASE_FIELDS, "type", "sessionAffinity", "sessionAffinityTimeoutSeconds"]))
-        assert check.check_once() == check._interval  # ... until one read answers: then periodic
+        assert check.check_once() == check._interval  # ... until one read answers (the fake's CRD): then periodic
     assert health.problems == [] and health.readyz()[0] and check.checked
     assert sum("cannot read the CRD" in e["event"] for e in logs) == 2
     fake.set_down(True)  # a failed read after a good one keeps the verdict
@@ -307,6 +292,7 @@ def test_the_check_runs_on_its_own_until_the_crd_answers_then_follows_an_upgrade
 
     health = Health(60, 30)
     health.synced()
+    fake.delete("customresourcedefinitions", CRD_NAME)
     fake.fail_next(3, status=503, verb="get")  # absent (404) after these, until set_crd
     check = crd_check(fake, health, interval=0.1).start()
     try:
@@ -315,7 +301,7 @@ def test_the_check_runs_on_its_own_until_the_crd_answers_then_follows_an_upgrade
         fake.set_crd(crd_with(BASE_FIELDS))  # kube-ovn without share DNAT
         wait(lambda: any("spec.type" in p for p in health.problems), what="the old schema's verdict")
         assert not any("not checked" in p for p in health.problems)
-        fake.set_crd(crd_with([*BASE_FIELDS, "type", "sessionAffinity", "sessionAffinityTimeoutSeconds"]))
+        fake.set_crd(crd_with(SHARE_FIELDS))
         wait(lambda: health.readyz()[0], what="kube-ovn upgraded: ready without a restart")
         assert health.problems == []
     finally:

@@ -9,7 +9,8 @@ a network namespace.
 Served (group/version/resource: verbs):
   kubeovn.io/v1 iptables-dnat-rules, iptables-eips   cluster-scoped: list (limit/continue), watch
   v1 events                                          namespaced: create
-  apiextensions.k8s.io/v1 customresourcedefinitions  get, of those registered with set_crd()
+  apiextensions.k8s.io/v1 customresourcedefinitions  get: iptables-dnat-rules' from the start
+                                                     (``crds``), others registered with set_crd()
 Any other verb on these is 405, any other path 404; every request is logged (``requests``)
 as the RBAC authorizer sees it.
 
@@ -20,7 +21,8 @@ included, and updates are not checked against their resourceVersion.
 
 Modules: ``protocol`` (resources, Status errors, request attributes, continue tokens),
 ``store`` (objects, versions, history, compaction, watches), ``server`` (the HTTP handler),
-``listener`` (the socket, outages), ``fake`` (FakeKube: all together, and what tests drive).
+``listener`` (the socket, outages), ``crds`` (the CRD it serves), ``fake`` (FakeKube: all together,
+and what tests drive).
 """
 from .fake import FakeKube
 from .protocol import Request

@@ -7,6 +7,7 @@ import time
 from collections import deque
 from typing import Any
 
+from .crds import dnat_rule_crd
 from .protocol import JSON, ApiError, Request, resource
 from .listener import Listener
 from .server import Handler
@@ -33,6 +34,7 @@ class FakeKube:
         host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
         port = self._listener.port
         self.url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        self.set_crd(dnat_rule_crd())  # a cluster with kube-ovn has it (the agent reads it to check the schema)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
