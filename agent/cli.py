@@ -22,7 +22,7 @@ from agent.metrics import Metrics
 from agent.nft import IDENTIFIER, Nft
 from agent.plan import document, one_transaction, plan
 from agent.reconcile import connected
-from agent.render import render
+from agent.render import hairpin_of, render
 from agent.report import Reporter, evaluate
 from agent.ruleset import EMPTY
 from agent.nfnetlink import NetlinkError
@@ -46,6 +46,23 @@ def _table_name(value: str) -> str:
     return value
 
 
+def _interface_name(value: str) -> str:
+    # An interface name as the kernel takes it (IFNAMSIZ 16 with its NUL; no '/', no blanks).
+    if not (0 < len(value.encode()) < 16) or any(c in value for c in "/: \t\n"):
+        raise argparse.ArgumentTypeError(f"{value!r}: not an interface name (1-15 bytes, no '/', ':' or blanks)")
+    return value
+
+
+def _mark(value: str) -> int:
+    try:
+        mark = int(value, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: not a number (e.g. 0x4000)") from None
+    if not 0 < mark <= 0xFFFFFFFF:
+        raise argparse.ArgumentTypeError(f"{value!r}: a mark is 1 to 0xffffffff")
+    return mark
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="natgw-agent", description=__doc__)
     p.add_argument("--log-format", choices=["auto", "json", "console"], default="auto")
@@ -63,6 +80,14 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--token-dir", type=Path, default=Path(os.environ["NATGW_TOKEN_DIR"]) if os.environ.get(
             "NATGW_TOKEN_DIR") else None, help="in-cluster token and ca.crt from here instead of the automount path "
                                               "(default: $NATGW_TOKEN_DIR)")
+        s.add_argument("--hairpin-snat", action="store_true",
+                       help="SNAT clients on the VPC side reaching an identity to its EIP, in the agent's own table "
+                            "(outside Kubernetes; kube-ovn's gateway has its own hairpin rule)")
+        s.add_argument("--vpc-interface", default=Settings.vpc_interface, type=_interface_name,
+                       help="the gateway's VPC-side interface, for --hairpin-snat (default: %(default)s)")
+        s.add_argument("--hairpin-mark", default=Settings.hairpin_mark, type=_mark,
+                       help="packet mark bits --hairpin-snat uses on a hairpin flow's first packet "
+                            "(default: 0x%(default)x; kube-ovn's own rule uses 0x1)")
         if name == "diff":
             s.add_argument("--state-dir", type=Path, default=Settings.state_dir,
                            help="where the running agent's status socket is: the diff uses its probed capabilities, "
@@ -158,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
               f"metadata.annotations['{GATEWAY_ANNOTATION}'])", file=sys.stderr)
         return 2
     settings = Settings(gateway=args.gateway, from_dir=args.from_dir, kubeconfig=args.kubeconfig, table=args.table,
-                        token_dir=args.token_dir,
+                        token_dir=args.token_dir, hairpin_snat=args.hairpin_snat, vpc_interface=args.vpc_interface,
+                        hairpin_mark=args.hairpin_mark,
                         **({"event_namespace": args.event_namespace, "metrics_addr": args.metrics_addr,
                             "take_over_legacy": args.take_over_legacy, "state_dir": args.state_dir}
                            if args.command == "run" else {}))
@@ -281,11 +307,12 @@ def _render(settings: Settings, source: Source, wait: float, mode: str, text: bo
         # Against the kernel, with the kernel's slots and the probed capabilities (one JSON
         # transaction on nft >= 1.1): exactly what a sync would send now.
         kernel = KernelView("ip", settings.table, subscribe=False).read()
-        wanted = render(desired.services, kernel or EMPTY, settings.affinity_set_size, settings.priority)
+        wanted = render(desired.services, kernel or EMPTY, settings.affinity_set_size, settings.priority,
+                        hairpin_of(settings))
         todo = plan(kernel, wanted, "ip", settings.table, text_maps=not caps.json_concat_maps)
         sys.stdout.write(document(todo.commands) if todo else "")
         return 1 if todo else 0
-    wanted = render(desired.services, EMPTY, settings.affinity_set_size, settings.priority)
+    wanted = render(desired.services, EMPTY, settings.affinity_set_size, settings.priority, hairpin_of(settings))
     doc = document(plan(None, wanted, "ip", settings.table).commands)
     if text:
         try:

@@ -9,6 +9,8 @@ cheap): everything per identity is a map element; chains and sets are shared.
     lb_<slots>      numgen random mod N vmap { i : goto slot_<s_i> }
     slot_<s>        dnat to <identity> map @backend_<s>
     map backend_<s> identity -> backend address . port (with a per-backend counter)
+    postrouting     oifname <vpc> meta mark & M == M snat to ct original ip daddr   (hairpin only;
+                    slot_<s> then first marks packets from iifname <vpc> with M)
 
 Each backend of an identity holds one *slot* for its whole life, so its map elements and
 its clients' affinity entries stay put while other backends come and go. ClientIP:
@@ -36,6 +38,7 @@ from agent.ruleset import Elem, ElemKey, Ruleset
 
 SERVICES = "services"
 BASE_CHAIN = "prerouting"
+HAIRPIN_CHAIN = "postrouting"  # only with the agent's own hairpin SNAT (settings.hairpin_snat)
 IDENTITY_TYPE = ["ipv4_addr", "inet_proto", "inet_service"]
 # The backend maps' data type exactly as nft 1.0.6 lists it: a string, which its JSON
 # parser does not take back (the planner has such maps declared in nft text).

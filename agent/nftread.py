@@ -134,6 +134,11 @@ def _ifname(b: bytes) -> str:
     return nl.get_str(b)
 
 
+def _host_int(b: bytes) -> int:
+    """A mark: nft keeps it in the host's byte order."""
+    return int.from_bytes(b, sys.byteorder)
+
+
 class _Type(NamedTuple):
     name: str
     size: int | None  # bytes; None: the set's key length says
@@ -145,7 +150,7 @@ _TYPES: dict[int, _Type] = {
     4: _Type("integer", None, None), 5: _Type("string", None, None), 6: _Type("ll_addr", None, None),
     7: _Type("ipv4_addr", 4, _ipv4), 8: _Type("ipv6_addr", 16, _ipv6), 9: _Type("ether_addr", 6, _ether),
     10: _Type("ether_type", 2, None), 12: _Type("inet_proto", 1, _proto), 13: _Type("inet_service", 2, _be_int),
-    19: _Type("mark", 4, None), 41: _Type("ifname", 16, _ifname),
+    19: _Type("mark", 4, _host_int), 41: _Type("ifname", 16, _ifname),
 }
 
 
@@ -502,9 +507,14 @@ _PAYLOADS = {  # (base, offset, len) -> nft's name; ip family only
     (2, 0, 2): ({"payload": {"protocol": "th", "field": "sport"}}, (13,)),
     (2, 2, 2): ({"payload": {"protocol": "th", "field": "dport"}}, (13,)),
 }
-_META = {16: ({"meta": {"key": "l4proto"}}, 1, (12,))}
+_META = {16: ({"meta": {"key": "l4proto"}}, 1, (12,)), 3: ({"meta": {"key": "mark"}}, 4, (19,)),
+         6: ({"meta": {"key": "iifname"}}, 16, (41,)), 7: ({"meta": {"key": "oifname"}}, 16, (41,))}
+_META_SETTABLE = {3}  # meta mark set
+_CT = {(19, 0): "ip saddr", (20, 0): "ip daddr", (19, 1): "ip saddr", (20, 1): "ip daddr"}  # (key, dir) -> name
+_CT_DIRS = {0: "original", 1: "reply"}
+_MARK_MASK = 0xFFFFFFFF
 _CMP_OPS = {0: "==", 1: "!=", 2: "<", 3: "<=", 4: ">", 5: ">="}
-NAT_MAP_IPS, NAT_PROTO_SPECIFIED = 0x1, 0x2
+NAT_MAP_IPS, NAT_PROTO_SPECIFIED, NAT_RANDOM_FULLY = 0x1, 0x2, 0x10
 
 
 def _reg32(reg: int) -> int:
@@ -622,13 +632,45 @@ class _Rule:
         self.load(nl.get_be32(a[1]), _Operand(known[0], ln, known[1], "load"))
 
     def x_meta(self, a: dict[int, bytes]) -> None:
-        if 3 in a or 1 not in a:
-            raise _Opaque("meta set")
         key = nl.get_be32(a[2])
         known = _META.get(key)
         if known is None:
             raise _Opaque(f"meta key {key}")
+        if 3 in a:  # NFTA_META_SREG: `meta mark set <value>`
+            if key not in _META_SETTABLE:
+                raise _Opaque(f"meta set of key {key}")
+            value = self.take(nl.get_be32(a[3]), known[1])
+            self.stmts.append({"mangle": {"key": known[0], "value": self.key_json(value)}})
+            return
+        if 1 not in a:
+            raise _Opaque("meta without a register")
         self.load(nl.get_be32(a[1]), _Operand(known[0], known[1], known[2], "load"))
+
+    def x_bitwise(self, a: dict[int, bytes]) -> None:
+        """`mark & M` and `mark | X`, as nft writes them (mask and xor over a mark)."""
+        if nl.get_be32(a[6]) if 6 in a else 0:
+            raise _Opaque("bitwise shift or register operation")
+        length = nl.get_be32(a[3])
+        parts = self.take(nl.get_be32(a[1]), length)
+        if len(parts) != 1 or parts[0].types != (19,) or length != 4:
+            raise _Opaque("bitwise beyond a mark")
+        mask, xor = (_host_int(nl.attrs(a[i])[DATA_VALUE]) for i in (4, 5))
+        if xor == 0:
+            json: Any = {"&": [parts[0].json, mask]}
+        elif mask | xor == _MARK_MASK and not mask & xor:
+            json = {"|": [parts[0].json, xor]}
+        else:
+            raise _Opaque("bitwise form")
+        self.load(nl.get_be32(a[2]), _Operand(json, 4, (19,), "load"))
+
+    def x_ct(self, a: dict[int, bytes]) -> None:
+        if 4 in a or 1 not in a:
+            raise _Opaque("ct set")
+        key, direction = nl.get_be32(a[2]), a[3][0] if 3 in a else None  # NFTA_CT_DIRECTION: a u8
+        name = _CT.get((key, direction)) if direction is not None else None
+        if name is None:
+            raise _Opaque(f"ct key {key}")
+        self.load(nl.get_be32(a[1]), _Operand({"ct": {"key": name, "dir": _CT_DIRS[direction]}}, 4, (7,), "load"))
 
     def x_numgen(self, a: dict[int, bytes]) -> None:
         mode = {0: "inc", 1: "random"}.get(nl.get_be32(a[3]) if 3 in a else 0)
@@ -705,7 +747,7 @@ class _Rule:
         kind = {0: "snat", 1: "dnat"}.get(nl.get_be32(a[1]))
         family = nl.get_be32(a[2]) if 2 in a else 0
         flags = nl.get_be32(a[7]) if 7 in a else 0
-        if kind is None or family != FAMILIES["ip"] or flags & ~(NAT_MAP_IPS | NAT_PROTO_SPECIFIED):
+        if kind is None or family != FAMILIES["ip"] or flags & ~(NAT_MAP_IPS | NAT_PROTO_SPECIFIED | NAT_RANDOM_FULLY):
             raise _Opaque("nat beyond address and port")
         amin, amax = (nl.get_be32(a[i]) if i in a else None for i in (3, 4))
         pmin, pmax = (nl.get_be32(a[i]) if i in a else None for i in (5, 6))
@@ -715,6 +757,15 @@ class _Rule:
         addr = self.regs.get(r)
         if not isinstance(addr, _Operand):
             raise _Opaque("nat address from an unset register")
+        if addr.kind == "load" and addr.types == (7,) and pmin is None and flags & NAT_MAP_IPS:
+            addr.used = True  # an address from the packet or conntrack: `snat to ct original ip daddr`
+            stmt = {"family": "ip", "addr": addr.json}
+            if flags & NAT_RANDOM_FULLY:
+                stmt["flags"] = ["fully-random"]
+            self.stmts.append({kind: stmt})
+            return
+        if flags & NAT_RANDOM_FULLY:
+            raise _Opaque("nat flags")
         if addr.kind == "map" and addr.types == (7, 13) and pmin is not None and _reg32(pmin) == r + 1 \
                 and flags == NAT_MAP_IPS | NAT_PROTO_SPECIFIED:
             addr.used = True  # address and port from one map of concatenated data

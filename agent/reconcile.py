@@ -21,7 +21,7 @@ from agent.memory import gc_paused, trim
 from agent.model import Backend, Identity
 from agent.nft import Nft
 from agent.plan import Plan, chunked, element_count, one_transaction, plan, retire, stale_chains
-from agent.render import Change, Renderer
+from agent.render import Change, Renderer, hairpin_of
 from agent.report import Reporter
 from agent.ruleset import EMPTY, ElemKey, Ruleset, key_json, patched
 from agent.settings import Settings
@@ -67,7 +67,7 @@ class Reconciler:
         self.cleanup = cleanup or Cleanup(self.backends, None, lambda: view, settings.cleanup_slice)
         self.reporter = reporter or Reporter()
         self.state = DesiredState(settings.gateway, settings.max_backends, settings.max_identities)
-        self.renderer = Renderer(settings.affinity_set_size, settings.priority)
+        self.renderer = Renderer(settings.affinity_set_size, settings.priority, hairpin_of(settings))
         self.mirror: Ruleset | None = None
         self._full = True  # read the kernel back before the next plan
         self._retiring: dict[str, float] = {}  # emptied chain -> when

@@ -14,14 +14,33 @@ from types import MappingProxyType
 from typing import Any, Collection, Mapping, NamedTuple
 
 from agent.desired import Service
-from agent.layout import (BACKEND_DATA, BASE_CHAIN, IDENTITY_TYPE, SERVICES, Slots, affinity_set, backend_map,
-                          backend_value, held_slots, identity_key, pattern_chain, slot_chain, slots_of, sticky_chain)
+from agent.layout import (BACKEND_DATA, BASE_CHAIN, HAIRPIN_CHAIN, IDENTITY_TYPE, SERVICES, Slots, affinity_set,
+                          backend_map, backend_value, held_slots, identity_key, pattern_chain, slot_chain, slots_of,
+                          sticky_chain)
 from agent.model import Backend, Identity
 from agent.ruleset import EMPTY, Elem, ElemKey, Ruleset, goto, truncate_comment
+from agent.settings import Settings
 
 _DADDR = {"payload": {"protocol": "ip", "field": "daddr"}}
 _SADDR = {"payload": {"protocol": "ip", "field": "saddr"}}
 _IDENTITY = [_DADDR, {"meta": {"key": "l4proto"}}, {"payload": {"protocol": "th", "field": "dport"}}]
+_MARK = {"meta": {"key": "mark"}}
+
+
+class Hairpin(NamedTuple):
+    """The hairpin SNAT the agent provides itself (settings.hairpin_snat): a client on the
+    VPC side reaching an identity gets the EIP as its source toward the backend, so the
+    backend answers through the gateway (it would answer the client directly, from its own
+    address, and the client would drop it). The first packet of such a flow is marked in
+    the identity's slot chain (only the agent's identities, only from `interface`); the
+    postrouting chain SNATs marked packets leaving by `interface` to the EIP they asked for."""
+
+    interface: str
+    mark: int
+
+
+def hairpin_of(settings: Settings) -> Hairpin | None:
+    return Hairpin(settings.vpc_interface, settings.hairpin_mark) if settings.hairpin_snat else None
 
 
 @dataclass(frozen=True)
@@ -92,18 +111,19 @@ def assign_slots(services: Mapping[Identity, Service], previous: Slots,
     return result
 
 
-def render(services: Mapping[Identity, Service], previous: Ruleset, affinity_set_size: int, priority: int) -> Ruleset:
+def render(services: Mapping[Identity, Service], previous: Ruleset, affinity_set_size: int, priority: int,
+           hairpin: Hairpin | None = None) -> Ruleset:
     """The whole table for these services; slots follow `previous` (the kernel's state)."""
-    return render_all(services, previous, affinity_set_size, priority)[0]
+    return render_all(services, previous, affinity_set_size, priority, hairpin=hairpin)[0]
 
 
 def render_all(services: Mapping[Identity, Service], previous: Ruleset, affinity_set_size: int,
-               priority: int, blocked: Mapping[Identity, Collection[int]] = NO_BLOCKS
-               ) -> tuple[Ruleset, dict[Identity, Pieces]]:
+               priority: int, blocked: Mapping[Identity, Collection[int]] = NO_BLOCKS,
+               hairpin: Hairpin | None = None) -> tuple[Ruleset, dict[Identity, Pieces]]:
     """The whole table, and each identity's pieces of it."""
     slots = assign_slots(services, slots_of(previous), blocked)
-    pieces = {i: render_service(s, slots[i], affinity_set_size) for i, s in sorted(services.items())}
-    rs = base_ruleset(priority)
+    pieces = {i: render_service(s, slots[i], affinity_set_size, hairpin) for i, s in sorted(services.items())}
+    rs = base_ruleset(priority, hairpin)
     declared: set[int] = set()  # ids of the shared mappings declared so far
     for p in pieces.values():
         _add_pieces(rs, p, id(p.shared) not in declared)
@@ -111,13 +131,22 @@ def render_all(services: Mapping[Identity, Service], previous: Ruleset, affinity
     return rs, pieces
 
 
-def base_ruleset(priority: int) -> Ruleset:
-    """The table with no identity: the base chain and its dispatch map."""
+def base_ruleset(priority: int, hairpin: Hairpin | None = None) -> Ruleset:
+    """The table with no identity: the base chain and its dispatch map (and, with the
+    hairpin SNAT, the postrouting chain)."""
     rs = Ruleset()
     rs.sets[SERVICES] = {"type": IDENTITY_TYPE, "map": "verdict"}
     rs.chains[BASE_CHAIN] = {"type": "nat", "hook": "prerouting", "prio": priority, "policy": "accept"}
     rs.rules[BASE_CHAIN] = (_rule({"vmap": {"key": {"concat": _IDENTITY}, "data": f"@{SERVICES}"}}),)
     rs.elements[SERVICES] = {}
+    if hairpin is not None:
+        # srcnat - 1: before iptables' nat POSTROUTING (kube-ovn's own hairpin rule). A flow is
+        # SNATed once, by the first chain that binds it: with both in place, never twice.
+        rs.chains[HAIRPIN_CHAIN] = {"type": "nat", "hook": "postrouting", "prio": 99, "policy": "accept"}
+        rs.rules[HAIRPIN_CHAIN] = (_rule(
+            {"match": {"op": "==", "left": {"meta": {"key": "oifname"}}, "right": hairpin.interface}},
+            {"match": {"op": "==", "left": {"&": [_MARK, hairpin.mark]}, "right": hairpin.mark}},
+            {"snat": {"family": "ip", "addr": {"ct": {"key": "ip daddr", "dir": "original"}}, "flags": ["fully-random"]}}),)
     return rs
 
 
@@ -144,7 +173,8 @@ def _undeclare(rs: Ruleset, name: str) -> None:
         table.pop(name, None)
 
 
-def render_service(service: Service, held: Mapping[Backend, int], affinity_set_size: int) -> Pieces:
+def render_service(service: Service, held: Mapping[Backend, int], affinity_set_size: int,
+                   hairpin: Hairpin | None = None) -> Pieces:
     """One identity's elements and the shared objects they need, its backends in `held` slots."""
     key = identity_key(service.identity)
     order = tuple(sorted(held.values()))
@@ -152,7 +182,7 @@ def render_service(service: Service, held: Mapping[Backend, int], affinity_set_s
     target = pattern_chain(order, timeout)
     by_slot = sorted(held.items(), key=lambda item: item[1])
     elems = (Elem(goto(target), truncate_comment(service.rule_names)), *(backend_value(b) for b, _ in by_slot))
-    return Pieces(key, _names(order), elems, _shared(order, timeout, affinity_set_size))
+    return Pieces(key, _names(order), elems, _shared(order, timeout, affinity_set_size, hairpin))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -165,9 +195,10 @@ class Renderer:
     """Renders the whole table or only changed identities, and remembers each identity's
     pieces as the kernel holds them (after `commit`), so the next change starts there."""
 
-    def __init__(self, affinity_set_size: int, priority: int) -> None:
+    def __init__(self, affinity_set_size: int, priority: int, hairpin: Hairpin | None = None) -> None:
         self.affinity_set_size = affinity_set_size
         self.priority = priority
+        self.hairpin = hairpin
         self._pieces: dict[Identity, Pieces] = {}  # per identity, as the kernel holds it
         self._usage: Counter[str] = Counter()  # shared object -> identities needing it
 
@@ -175,7 +206,7 @@ class Renderer:
              blocked: Mapping[Identity, Collection[int]] = NO_BLOCKS) -> Change:
         """Every identity, with the slots `before` (the kernel's table) holds."""
         before = before or EMPTY
-        wanted, pieces = render_all(services, before, self.affinity_set_size, self.priority, blocked)
+        wanted, pieces = render_all(services, before, self.affinity_set_size, self.priority, blocked, self.hairpin)
         return Change(True, before, wanted, pieces, frozenset(pieces), Counter())
 
     def partial(self, services: Mapping[Identity, Service], changed: Collection[Identity], mirror: Ruleset,
@@ -196,7 +227,7 @@ class Renderer:
             if service is not None:
                 previous = {identity: held_slots(old.elements)} if old else {}
                 held = assign_slots({identity: service}, previous, blocked)[identity]
-                new = pieces[identity] = render_service(service, held, self.affinity_set_size)
+                new = pieces[identity] = render_service(service, held, self.affinity_set_size, self.hairpin)
                 usage.update(new.shared.keys())
                 definitions.update(new.shared)
         for name, delta in usage.items():
@@ -248,12 +279,12 @@ def _numgen_vmap(targets: list[str]) -> dict[str, Any]:
 
 # Shared definitions are pure functions of their names' parameters: build each once.
 @functools.lru_cache(maxsize=4096)
-def _shared(order: tuple[int, ...], timeout: int | None, size: int) -> Mapping[str, Shared]:
+def _shared(order: tuple[int, ...], timeout: int | None, size: int, hairpin: Hairpin | None) -> Mapping[str, Shared]:
     """Everything an identity with backends in these slots needs declared (read-only: one
     mapping serves every identity of the pattern)."""
     shared = {pattern_chain(order, timeout): _pattern(order, timeout)}
     for slot in order:
-        shared.update(_slot(slot))
+        shared.update(_slot(slot, hairpin))
         if timeout is not None:
             shared.update(_sticky(slot, timeout, size))
     return MappingProxyType(shared)
@@ -273,13 +304,15 @@ def _pattern(order: tuple[int, ...], timeout: int | None) -> Shared:
 
 
 @functools.lru_cache(maxsize=4096)
-def _slot(slot: int) -> dict[str, Shared]:
+def _slot(slot: int, hairpin: Hairpin | None) -> dict[str, Shared]:
     identity = {"concat": _IDENTITY}
+    dnat = _rule({"dnat": {"family": "ip", "addr": {"map": {"key": identity, "data": f"@{backend_map(slot)}"}}}})
+    rules = (dnat,) if hairpin is None else (_rule(
+        {"match": {"op": "==", "left": {"meta": {"key": "iifname"}}, "right": hairpin.interface}},
+        {"mangle": {"key": _MARK, "value": {"|": [_MARK, hairpin.mark]}}}), dnat)
     return {
         backend_map(slot): Shared("set", {"type": IDENTITY_TYPE, "map": BACKEND_DATA, "stmt": [{"counter": None}]}),
-        slot_chain(slot): Shared("chain", {}, (
-            _rule({"dnat": {"family": "ip", "addr": {"map": {"key": identity, "data": f"@{backend_map(slot)}"}}}}),
-        )),
+        slot_chain(slot): Shared("chain", {}, rules),
     }
 
 

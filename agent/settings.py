@@ -127,5 +127,19 @@ class Settings:
     """Most stale affinity entries deleted in one transaction, one per loop turn (~20 ms of
     libnftables at ~10 us an element), so a change never waits behind a long delete."""
 
+    hairpin_snat: bool = False
+    """Provide the hairpin SNAT in the agent's table (outside Kubernetes): a client on the
+    VPC side (`vpc_interface`) reaching an identity is SNATed to the EIP toward the
+    backend, so the answer comes back through the gateway. kube-ovn's gateway installs its
+    own (iptables, per EIP); with both, a flow is still SNATed once (the first binds)."""
+
+    vpc_interface: str = "eth0"
+    """The gateway's VPC-side interface (kube-ovn: eth0; net1 is the external one)."""
+
+    hairpin_mark: int = 0x4000
+    """Packet mark bits that carry "came in on the VPC side" from the identity's chain to
+    the postrouting chain, on a hairpin flow's first packet only. kube-ovn's own hairpin
+    rule uses 0x1; pick bits no policy routing rule of the gateway looks at."""
+
     watch: WatchSettings = field(default_factory=WatchSettings)
     """The Kubernetes source's list and watch (unused with from_dir)."""

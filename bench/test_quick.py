@@ -16,7 +16,7 @@ from bench import identities as ids_mod
 from bench import kubeproxy, legacy, report
 from bench.netns import REPO, child_env
 from bench.run import QUICK
-from bench.sync import FULL_COUNT_MAX_SETS, MAX_CHANGE_COMMANDS
+from bench.sync import FULL_COUNT_MAX_SETS, max_change_commands
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +84,7 @@ def test_agent_synced_everything_then_nothing_then_one_identity(quick: tuple[dic
         assert a["sync"]["commands"] > 0
         assert a["kernel"] == {"identities": n, "backends": n * ids_mod.BACKENDS}
         assert a["noop_commands"] == 0
-        assert 0 < a["change"]["commands"] <= MAX_CHANGE_COMMANDS
+        assert 0 < a["change"]["commands"] <= max_change_commands(affinity)
         assert a["change"]["identities"] == n and a["change"]["backends"] == n * ids_mod.BACKENDS
         ck = a["change_kernel"]
         assert ck["changed_backends"] == ck["expected_backends"]
@@ -94,7 +94,7 @@ def test_agent_synced_everything_then_nothing_then_one_identity(quick: tuple[dic
         if a["incremental_api"]:  # the run loop's path: sync(source, source.take_changes())
             assert a["noop_loop_commands"] == 0
             loop = a["change_loop"]
-            assert 0 < loop["result"]["commands"] <= MAX_CHANGE_COMMANDS
+            assert 0 < loop["result"]["commands"] <= max_change_commands(affinity)
             assert loop["kernel"]["changed_backends"] == loop["kernel"]["expected_backends"]
             assert ids_mod.CHANGED_IP_2 in loop["kernel"]["changed_backends"]
             assert loop["kernel"]["identities"] == n and loop["kernel"]["backends"] == n * ids_mod.BACKENDS

@@ -6,6 +6,12 @@ Topology (NAME = "ngw" + 6 hex chars, unique per Lab)::
     eth0 172.18.0.100/24 <-> net1 172.18.0.1/24               eth0 10.0.1.(10+K)/24
          + .101 .. .140           + EIPs 172.18.0.10, .11     default via 10.0.1.1
                                   eth0 (bridge) 10.0.1.1/24 <-> vbK (bridge port)
+                                                             <-> vbv: NAME-vpc (Lab(vpc_client=True))
+                                                                 eth0 10.0.1.50/24 + .51 .. .60
+                                                                 default via 10.0.1.1
+
+NAME-vpc is a client inside the VPC, beside the backends: reaching an EIP it crosses the
+gateway's eth0 twice (in, DNAT, out again), so its answer needs the hairpin SNAT.
 
 Each backend runs ``lab.traffic serve``: TCP 8080 and 9090 and UDP 5353
 answer with the backend's name ("b1\\n").  Traffic generators and sniffers run
@@ -43,6 +49,8 @@ CLIENT_EXTRA_IPS = [f"172.18.0.{i}" for i in range(101, 141)]
 GW_NET1_IP = "172.18.0.1"
 EIPS = ["172.18.0.10", "172.18.0.11"]
 GW_BACKEND_IP = "10.0.1.1"
+VPC_CLIENT_IP = "10.0.1.50"
+VPC_CLIENT_EXTRA_IPS = [f"10.0.1.{i}" for i in range(51, 61)]
 BACKEND_TCP_PORTS = (8080, 9090)
 BACKEND_UDP_PORT = 5353
 
@@ -62,7 +70,7 @@ class LabError(RuntimeError):
 
 
 def _ns_pattern(prefix: str) -> re.Pattern[str]:
-    return re.compile(rf"^{re.escape(prefix)}[0-9a-f]{{6}}-(client|gw|b[0-9]+)$")
+    return re.compile(rf"^{re.escape(prefix)}[0-9a-f]{{6}}-(client|vpc|gw|b[0-9]+)$")
 
 
 def _run(argv: Sequence[str], input: str | None = None, timeout: float = 30.0) -> str:
@@ -161,11 +169,14 @@ class Lab:
     signal handler (e.g. on Ctrl-C in the demo).
     """
 
-    def __init__(self, backends: int = 3, prefix: str = "ngw") -> None:
+    def __init__(self, backends: int = 3, prefix: str = "ngw", vpc_client: bool = False) -> None:
         if not 1 <= backends <= 50:
             raise ValueError("backends must be between 1 and 50")
         self.id = prefix + secrets.token_hex(3)
         self.client_ns = f"{self.id}-client"
+        self.vpc_ns = f"{self.id}-vpc" if vpc_client else None
+        self.vpc_client_ip = VPC_CLIENT_IP
+        self.vpc_client_extra_ips = list(VPC_CLIENT_EXTRA_IPS)
         self.gw_ns = f"{self.id}-gw"
         self.backend_names = [f"b{k}" for k in range(1, backends + 1)]
         self.backend_ns = [f"{self.id}-{name}" for name in self.backend_names]
@@ -184,7 +195,7 @@ class Lab:
 
     @property
     def namespaces(self) -> list[str]:
-        return [self.client_ns, self.gw_ns, *self.backend_ns]
+        return [self.client_ns, *([self.vpc_ns] if self.vpc_ns else []), self.gw_ns, *self.backend_ns]
 
     # ------------------------------------------------------------- lifecycle
 
@@ -272,6 +283,14 @@ class Lab:
             "net.ipv4.conf.default.rp_filter=0",
         ]))
 
+        # A bridge port's frames go through iptables and nftables when br_netfilter is loaded
+        # (docker loads it; new namespaces inherit call-iptables=1): conntrack would then see
+        # a backend's direct answer to a VPC client and un-NAT it on the bridge, which no
+        # real gateway does (its eth0 is a port of OVN's switch, not a bridge). Off here.
+        bridge_nf = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")
+        if bridge_nf.exists():
+            _run(self.gw_exec_argv(["sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=0"]))
+
         # Links are created from inside the gw namespace with the peer placed
         # straight into the other namespace: nothing appears in the root ns.
         gw = ["link set lo up", f"link add net1 type veth peer name eth0 netns {self.client_ns}"]
@@ -282,6 +301,9 @@ class Lab:
                 f"link set vb{k} master eth0",
                 f"link set vb{k} up",
             ]
+        if self.vpc_ns:
+            gw += [f"link add vbv type veth peer name eth0 netns {self.vpc_ns}", "link set vbv master eth0",
+                   "link set vbv up"]
         gw += ["link set net1 up", "link set eth0 up", f"addr add {GW_NET1_IP}/24 dev net1"]
         gw += [f"addr add {eip}/24 dev net1" for eip in self.eips]
         # The bridge takes its MAC from its ports; address it after enslaving.
@@ -291,6 +313,11 @@ class Lab:
         client = ["link set lo up", "link set eth0 up", f"addr add {self.client_ip}/24 dev eth0"]
         client += [f"addr add {ip}/24 dev eth0" for ip in self.client_extra_ips]
         self._batch(self.client_ns, client)
+
+        if self.vpc_ns:
+            vpc = ["link set lo up", "link set eth0 up", f"addr add {self.vpc_client_ip}/24 dev eth0"]
+            vpc += [f"addr add {ip}/24 dev eth0" for ip in self.vpc_client_extra_ips]
+            self._batch(self.vpc_ns, [*vpc, f"route add default via {GW_BACKEND_IP}"])
 
         for ns, ip in zip(self.backend_ns, self.backend_ips):
             self._batch(ns, [
@@ -455,6 +482,17 @@ class Lab:
         result = self._run_traffic(ns or self.client_ns, args, timeout=30 + count * (timeout + 0.5))
         return self._with_all_backends(result)
 
+    def udp_stream(self, eip: str, port: int, ns: str | None = None, source: str | None = None,
+                   interval: float = 0.05) -> UdpStream:
+        """Start one UDP flow from the client (or `ns`) to eip:port, a datagram every
+        `interval` s, answered or not; stop() returns [(wall time, backend name)] per answer."""
+        args = ["stream", "--dst", eip, "--port", str(port), "--interval", str(interval)]
+        if source:
+            args += ["--source", source]
+        proc = self._start_traffic(ns or self.client_ns, args, f"stream-{port}")
+        self._wait_ready(proc, READY_TIMEOUT)
+        return UdpStream(self, proc)
+
     def udp_query_same_flow(
         self,
         eip: str,
@@ -504,3 +542,15 @@ class Lab:
                 if proc.poll() is None:
                     self._stop(proc, 1.0)
         return {"by_backend": by_backend, "sent": int(sent["sent"])}
+
+
+class UdpStream:
+    """A running lab.traffic stream (Lab.udp_stream)."""
+
+    def __init__(self, lab: Lab, proc: subprocess.Popen[bytes]) -> None:
+        self._lab, self._proc = lab, proc
+
+    def stop(self) -> list[tuple[float, str]]:
+        out = self._lab._stop(self._proc, 10.0)
+        lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        return [(line["t"], line["name"]) for line in lines if "t" in line]

@@ -238,6 +238,37 @@ def cmd_udp(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_stream(args: argparse.Namespace) -> int:
+    """One flow (one socket, one source port) sending every --interval seconds, one way
+    until something answers: prints "ready", then a JSON line per answer with its wall
+    time, and stops on stdin EOF (or --duration)."""
+    s = _udp_socket(args.source, args.sport)
+    s.settimeout(args.interval)
+    stop = threading.Event()
+
+    def until_eof() -> None:
+        sys.stdin.buffer.read()
+        stop.set()
+
+    threading.Thread(target=until_eof, daemon=True).start()
+    print("ready", flush=True)
+    started, sent = time.monotonic(), 0
+    while not stop.is_set() and time.monotonic() - started < args.duration:
+        s.sendto(b"?\n", (args.dst, args.port))
+        sent += 1
+        deadline = time.monotonic() + args.interval
+        while (left := deadline - time.monotonic()) > 0:
+            s.settimeout(left)
+            try:
+                data, _ = s.recvfrom(2048)
+            except (TimeoutError, OSError):
+                break
+            _emit({"t": time.time(), "name": data.decode(errors="replace").strip()})
+    s.close()
+    _emit({"sent": sent})
+    return 0
+
+
 # --------------------------------------------------------------------- sniff
 
 
@@ -378,6 +409,15 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--timeout", type=float, default=1.0)
     u.add_argument("--same-flow", action="store_true", help="reuse one socket for all queries")
     u.set_defaults(func=cmd_udp)
+
+    f = sub.add_parser("stream", help="one UDP flow sending every --interval s; a line per answer")
+    f.add_argument("--dst", required=True)
+    f.add_argument("--port", type=int, required=True)
+    f.add_argument("--source", default=None, help="local IP")
+    f.add_argument("--sport", type=int, default=0, help="local port (0: any)")
+    f.add_argument("--interval", type=float, default=0.05)
+    f.add_argument("--duration", type=float, default=120.0)
+    f.set_defaults(func=cmd_stream)
 
     n = sub.add_parser("sniff", help="count distinct (src, sport) SYNs to --dport")
     n.add_argument("--iface", default="eth0")

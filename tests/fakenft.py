@@ -408,12 +408,18 @@ class FakeNft:
     # -- where a packet goes -----------------------------------------------------------
 
     def trace(self, saddr: str, daddr: str, proto: str, dport: int, pick: Callable[[int], int] = lambda mod: 0,
-              family: str = "ip", table: str = "natgw") -> tuple[str, int] | None:
-        """The backend (address, port) a new connection's first packet is DNATed to, or
-        None if it leaves without NAT. `pick(mod)` plays numgen random; affinity sets are
-        read and updated as the kernel would. Only the agent's vocabulary is understood."""
+              family: str = "ip", table: str = "natgw", iif: str = "net1",
+              packet: dict[str, Any] | None = None) -> tuple[str, int] | None:
+        """The backend (address, port) a new connection's first packet, arriving on `iif`,
+        is DNATed to, or None if it leaves without NAT. `pick(mod)` plays numgen random;
+        affinity sets are read and updated as the kernel would; `packet`, if given, is
+        filled with the packet's fields as prerouting leaves them (its mark). Only the
+        agent's vocabulary is understood."""
         t = self.tables[(family, table)]
-        fields = {"saddr": saddr, "daddr": daddr, "l4proto": proto, "dport": dport}
+        fields = {"saddr": saddr, "daddr": daddr, "l4proto": proto, "dport": dport, "iifname": iif, "mark": 0}
+        if packet is not None:
+            packet.update(fields)
+            fields = packet
         base = [n for n, c in t.chains.items() if c.decl.get("hook") == "prerouting"]
         for name in base:
             result = _run_chain(t, name, fields, pick)
@@ -459,6 +465,10 @@ def _value(expr: dict[str, Any], fields: dict[str, Any]) -> Any:
         return fields[expr["payload"]["field"]]
     if "meta" in expr:
         return fields[expr["meta"]["key"]]
+    if "&" in expr:
+        return _value(expr["&"][0], fields) & expr["&"][1]
+    if "|" in expr:
+        return _value(expr["|"][0], fields) | expr["|"][1]
     raise AssertionError(f"trace: expression outside the vocabulary: {expr!r}")
 
 
@@ -478,8 +488,14 @@ def _run_chain(t: _Table, name: str, fields: dict[str, Any], pick: Callable[[int
                     break  # no element: the rule does not match
                 return _run_chain(t, target["goto"]["target"], fields, pick)
             if "match" in stmt:
-                if _value(stmt["match"]["left"], fields) not in t.sets[stmt["match"]["right"].removeprefix("@")].elems:
+                left, right = _value(stmt["match"]["left"], fields), stmt["match"]["right"]
+                if isinstance(right, str) and right.startswith("@"):
+                    if left not in t.sets[right.removeprefix("@")].elems:
+                        break
+                elif left != right:
                     break
+            elif "mangle" in stmt:
+                fields[stmt["mangle"]["key"]["meta"]["key"]] = _value(stmt["mangle"]["value"], fields)
             elif "goto" in stmt:
                 verdict = stmt["goto"]["target"]
             elif "set" in stmt and stmt["set"]["op"] == "update":

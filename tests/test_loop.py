@@ -222,3 +222,51 @@ def test_a_notification_while_a_sync_waits_does_not_make_the_loop_spin() -> None
     finally:
         loop.stop.set()
         thread.join(5)
+
+
+def test_a_change_is_synced_while_the_cleanup_of_an_earlier_one_is_still_running() -> None:
+    """Cleanup never holds up a change: with the conntrack pass of a removal stuck, the
+    next change is synced anyway, and the pass completes afterwards."""
+    from agent.cleanup import Cleanup
+    from agent.flows import Flow, Query
+    from agent.loop import Loop, StopEvent
+    from tests.sources import WakingSource
+
+    release, entered = threading.Event(), threading.Event()
+    deleted: list[Flow] = []
+
+    class StuckTable:
+        def flows(self, query: Query) -> list[Flow]:
+            entered.set()
+            release.wait(10)  # a slow dump of a large conntrack table
+            return [Flow(6, "172.18.0.100", 40000, query.eip, 80, "10.0.1.11", 8080)]
+
+        def delete(self, flows: Any) -> int:
+            deleted.extend(flows)
+            return len(flows)
+
+    source = WakingSource()
+    source.put(eip("eip-web", "172.18.0.10"))
+    source.put(rule("web-a", 80, "10.0.1.11"))
+    backend = FakeNft()
+    reconciler = Reconciler(IDLE, *edges(backend))
+    reconciler.cleanup = Cleanup(reconciler.backends, StuckTable, lambda: reconciler.view)
+    loop = Loop(IDLE, source, reconciler, StopEvent())
+    thread = threading.Thread(target=loop.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: loop.syncs == 1)
+        source.drop("IptablesDnatRule", "web-a")
+        source.wake()
+        assert entered.wait(5)  # the removal's conntrack pass has begun, and hangs
+        source.put(rule("web-b", 81, "10.0.1.12"))
+        wait_until(lambda: loop.syncs == 3)  # the next change is in the kernel meanwhile
+        assert [k[2] for k in backend.view().read().elements["services"]] == [81]
+        assert not deleted
+        release.set()
+        wait_until(lambda: len(deleted) == 1)  # and the pass completes after
+        assert deleted[0].dport == 80
+    finally:
+        release.set()
+        loop.stop.set()
+        thread.join(5)

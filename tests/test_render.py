@@ -4,7 +4,7 @@ from agent.layout import parse_target, slots_of
 from agent.model import Backend, Identity
 from agent.plan import document, plan
 from agent.render import assign_slots
-from tests.builders import ROOT, rendered, rule
+from tests.builders import ROOT, rendered, rule, web_objects
 from tests.golden import check_golden
 
 
@@ -68,3 +68,28 @@ def test_rule_names_reach_comments_truncated(web_objects):
     comment = rs.elements["services"][("172.18.0.10", "tcp", 80)].comment
     assert len(comment) <= 128 and comment.endswith("more")
     assert rs.elements["backend_1"][("172.18.0.10", "tcp", 80)].comment is None  # names only on services: see README
+
+
+def test_the_hairpin_snat_marks_vpc_side_packets_of_served_identities_only():
+    from agent.desired import desired_services
+    from agent.model import build_inventory
+    from agent.plan import plan
+    from agent.render import Hairpin, render
+    from agent.ruleset import EMPTY
+    from tests.fakenft import FakeNft
+
+    services = desired_services(build_inventory(web_objects(), "gw1").rules, 256).services
+    plain = render(services, EMPTY, 1024, -160)
+    assert "postrouting" not in plain.chains  # off by default: the layout as before
+    hairpin = render(services, EMPTY, 1024, -160, Hairpin("eth0", 0x4000))
+    assert hairpin.chains["postrouting"] == {"type": "nat", "hook": "postrouting", "prio": 99, "policy": "accept"}
+    assert set(hairpin.chains) - set(plain.chains) == {"postrouting"}
+    fake = FakeNft("1.1.3")
+    fake.json_cmd({"nftables": list(plan(None, hairpin, "ip", "natgw", text_maps=False).commands)})
+    inside, outside, elsewhere = {}, {}, {}
+    assert fake.trace("10.0.1.50", "172.18.0.10", "tcp", 80, iif="eth0", packet=inside) == ("10.0.1.11", 8080)
+    assert inside["mark"] == 0x4000  # a VPC client of an identity: SNATed on the way out
+    assert fake.trace("172.18.0.100", "172.18.0.10", "tcp", 80, packet=outside) == ("10.0.1.11", 8080)
+    assert outside["mark"] == 0  # an outside client keeps its address
+    assert fake.trace("10.0.1.50", "172.18.0.10", "tcp", 8000, iif="eth0", packet=elsewhere) is None
+    assert elsewhere["mark"] == 0  # not an identity of the agent's: not its to SNAT
