@@ -284,3 +284,30 @@ def test_removed_backend_loses_only_its_own_clients_affinity(lab, agent):
     program(agent, *APP[:2], *app2, identities=2)
     wait_for(lambda: entries(443) == 0, 3, what="443's entries on b3 to go")
     assert entries(8443) == on_b3[1]  # the other identity's clients on b3 keep theirs
+
+
+def test_a_replaced_clientip_backend_leaves_the_newcomers_pins_alone(lab, agent):
+    """b1 is replaced by b3 in one change. b3 takes a slot b1 never held, so b1's clients,
+    still pinned in b1's slot until the cleanup deletes them, are never sent to b3; and
+    the cleanup, which deletes them, never takes the pins b3's clients made meanwhile."""
+    app2 = [rule_doc(f"app2-{n}", 8443, ip, 9090, affinity="ClientIP", timeout=600) for n, ip in BACKENDS.items()]
+    program(agent, *APP[:2], *app2, identities=2)  # :443 on b1 (slot 0) and b2 (slot 1); :8443 keeps aff_0 in use
+    assert lab.tcp_connect(EIP, 443, 40, sources=CLIENTS)["failed"] == 0
+
+    def entries(slot: int, port: int) -> set[str]:
+        listing = json.loads(agent.nft("-j", "list", "set", "ip", "natgw", f"aff_{slot}"))["nftables"]
+        return {e["elem"]["val"]["concat"][0] for i in listing if "set" in i for e in i["set"].get("elem", [])
+                if e["elem"]["val"]["concat"][3] == port}
+
+    on_b1 = entries(0, 443)
+    assert on_b1  # 20 clients over 2 backends: some on b1
+    program(agent, APP[1], APP[2], *app2, identities=2)  # b1 out, b3 in: one change
+    newcomers = [f"172.18.0.{i}" for i in range(121, 141)]
+    fresh = lab.tcp_connect(EIP, 443, 40, sources=newcomers)  # new clients, some pinned to b3 at once
+    assert fresh["failed"] == 0 and fresh["by_backend"]["b3"] > 0, fresh
+    wait_for(lambda: not entries(0, 443), 5, what="b1's clients' pins to go")
+    assert "aff_t600_s1.2" in agent.nft("list", "table", "ip", "natgw")  # b3 in slot 2, not b1's 0
+    on_b3 = {c for c, per in fresh["by_source"].items() if "b3" in per}
+    assert on_b3 <= entries(2, 443)  # every newcomer on b3 is still pinned there
+    again = lab.tcp_connect(EIP, 443, 20, sources=sorted(on_b3))
+    assert again["failed"] == 0 and set(n for n, c in again["by_backend"].items() if c) == {"b3"}
