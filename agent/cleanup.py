@@ -65,8 +65,9 @@ class Slice:
 
 
 class Cleanup:
-    """The cleanup worker. The loop's thread calls note_*(), next_slice(), applied() and
-    reads `blocked`; run_once() (or the thread start() makes) does the rest."""
+    """The cleanup worker. The loop's thread calls note(), next_slice() and applied() and
+    reads `blocked`; run_once() (in the thread start() makes, or called by a test) does
+    the rest."""
 
     def __init__(self, backends: Backends, flow_table: Callable[[], FlowTable] | None,
                  set_reader: Callable[[], SetReader], slice_size: int = 2000,
@@ -90,7 +91,6 @@ class Cleanup:
         self._stopped = False
         self._thread: threading.Thread | None = None
         self.blocked: dict[Identity, set[int]] = {}  # the loop's thread only
-        self.passes = 0  # completed run_once() calls that found work (tests)
 
     # --- the loop's side --------------------------------------------------------------------
 
@@ -158,41 +158,47 @@ class Cleanup:
     def _run(self) -> None:
         while True:
             with self._lock:
-                while not self._stopped and not self._has_work():
-                    self._lock.wait(max(0.0, self._retry_at - time.monotonic()) if self._retry_at else None)
+                while not self._stopped:
+                    wait = self._retry_at - time.monotonic()
+                    if wait > 0:  # after a failure: not before it is due
+                        self._lock.wait(wait)
+                        continue
+                    if self._check or self._gone or self._stale:
+                        break
+                    self._lock.wait()  # until note() or stop(): no timer at rest
                 if self._stopped:
                     return
-            try:
-                self.run_once()
-            except Exception:  # a bug here must not end the cleanup for good
-                log.exception("cleanup failed; will retry")
-                with self._lock:
-                    self._retry_at = time.monotonic() + self.retry
-
-    def _has_work(self) -> bool:
-        if self._retry_at and time.monotonic() < self._retry_at:
-            return False
-        return bool(self._check or self._gone or self._stale)
+            self.run_once()
 
     def run_once(self) -> None:
-        """One round of whatever is pending: flows, then affinity entries."""
+        """One round of whatever is pending: flows, then affinity entries. What fails stays
+        pending, retried after `retry` seconds; nothing raises."""
         with self._lock:
             check, gone, stale_sets = self._check, self._gone, self._stale
             self._check, self._gone, self._stale, self._retry_at = set(), set(), {}, 0.0
-        if not (check or gone or stale_sets):
-            return
         if check or gone:
             try:
                 self._flows(check, gone)
-            except OSError as err:
-                log.warning("conntrack cleanup failed; will retry", error=str(err), identities=len(check) + len(gone))
-                with self._lock:
-                    self._check |= check - self._gone
-                    self._gone |= gone
-                    self._retry_at = time.monotonic() + self.retry
+            except Exception as err:  # OSError: the kernel; anything else: a bug, which must not end the cleanup
+                log.warning("conntrack cleanup failed; will retry", error=f"{type(err).__name__}: {err}",
+                            identities=len(check) + len(gone), exc_info=not isinstance(err, OSError))
+                self._keep(check=check, gone=gone)
         if stale_sets:
-            self._affinity(stale_sets)
-        self.passes += 1
+            try:
+                self._affinity(stale_sets)
+            except Exception:
+                log.exception("affinity cleanup failed; will retry")
+                self._keep(stale=stale_sets)
+
+    def _keep(self, check: Iterable[Identity] = (), gone: Iterable[Identity] = (),
+              stale: Mapping[int, set[ElemKey]] | None = None) -> None:
+        """Work that failed, pending again (merged with what came meanwhile), retried later."""
+        with self._lock:
+            self._gone.update(gone)
+            self._check.update(i for i in check if i not in self._gone)
+            for slot, keys in (stale or {}).items():
+                self._stale.setdefault(slot, set()).update(keys)
+            self._retry_at = time.monotonic() + self.retry
 
     def _flows(self, check: set[Identity], gone: set[Identity]) -> None:
         started = time.monotonic()
@@ -231,9 +237,7 @@ class Cleanup:
                 keys = [k for k in reader.entries(affinity_set(slot)) if tuple(k[1:]) in identities]
             except OSError as err:
                 log.warning("reading an affinity set failed; will retry", set=affinity_set(slot), error=str(err))
-                with self._lock:
-                    self._stale.setdefault(slot, set()).update(identities)
-                    self._retry_at = time.monotonic() + self.retry
+                self._keep(stale={slot: identities})
                 continue
             found += len(keys)
             frozen = frozenset(identities)

@@ -49,8 +49,13 @@ def flow(client: int, identity: Identity, backend: Backend | None) -> Flow:
     return Flow(proto, f"172.18.0.{100 + client}", 40000 + client, identity.eip, identity.port, src, sport, client)
 
 
+class NoPins:
+    def entries(self, name: str) -> list[Any]:
+        return []
+
+
 def worker(table: FlowTable, serving: dict[Identity, tuple[Backend, ...]]) -> Cleanup:
-    return Cleanup(serving.get, lambda: table, lambda: None)  # type: ignore[arg-type,return-value]
+    return Cleanup(serving.get, lambda: table, NoPins)  # type: ignore[arg-type]
 
 
 def test_udp_flows_not_natted_to_a_backend_of_now_go_and_tcp_flows_stay() -> None:
@@ -180,3 +185,16 @@ def test_with_destroy_an_expired_entry_fails_nothing() -> None:
     del fake.tables[("ip", "natgw")].sets["aff_0"].elems[PIN_A2]
     assert reconciler.clean_affinity() == 2 and fake.entries("natgw", "aff_0") == {PIN_OTHER}
     assert reconciler.cleanup.blocked == {}
+
+
+def test_a_bug_in_a_pass_keeps_its_work_pending_and_never_raises() -> None:
+    class Broken(FlowTable):
+        def flows(self, query: Query) -> list[Flow]:
+            raise KeyError("a bug")
+
+    table = Broken([flow(1, WEB, A)])
+    cleanup = worker(table, {})
+    cleanup.note([], [WEB], {0: {("172.18.0.10", "tcp", 443)}})
+    cleanup.run_once()  # logged, not raised; the affinity part still ran
+    assert cleanup.pending() and cleanup.has_slice()
+    assert cleanup._retry_at > 0  # retried later, not at once
