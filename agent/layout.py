@@ -31,7 +31,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Iterable, Iterator, Mapping
 
 from agent.model import Backend, Identity
 from agent.ruleset import Elem, ElemKey, Ruleset

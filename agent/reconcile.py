@@ -14,7 +14,7 @@ from agent.cleanup import Cleanup, Slice
 from agent.desired import Catalog, DesiredState, ListCatalog, ObjectKey
 from agent.errors import ApplyError
 from agent.kernel import Damage
-from agent.layout import affinity_set, identity_key
+from agent.layout import identity_key
 from agent.leftovers import leftovers
 from agent.legacy import LEGACY_TABLE, takeover_commands
 from agent.memory import gc_paused, trim

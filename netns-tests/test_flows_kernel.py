@@ -9,7 +9,7 @@ import sys
 import time
 from datetime import datetime
 
-from gwtest import BACKENDS, EIP, ROOT, WEB, Agent, eip_doc, program, rule_doc, wait_for, write_rules, yaml_docs
+from gwtest import BACKENDS, EIP, ROOT, WEB, Agent, program, rule_doc, wait_for, write_rules, yaml_docs
 from lab.topology import Lab
 
 STREAM_PORT = 5300
