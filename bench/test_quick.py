@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from bench import busy as busy_mod
+from bench import cleanup as cleanup_mod
 from bench import identities as ids_mod
 from bench import kubeproxy, legacy, report
 from bench.netns import REPO, child_env
@@ -234,3 +235,78 @@ def test_busy_section_is_written_once_into_the_report(busy: tuple[dict[str, Any]
 def test_busy_left_no_namespace_behind(busy: tuple[dict[str, Any], int]) -> None:
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     assert not [line for line in listed.splitlines() if line.startswith(f"nb{busy[0]['pid']}-")]
+
+
+# --- the cleanup benchmark (bench/cleanup.py), small, beside its baseline -----------------
+
+@pytest.fixture(scope="module")
+def cleanup(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], int, Path]:
+    assert os.geteuid() == 0, "the benchmark needs root (network namespaces, nftables)"
+    raw = tmp_path_factory.mktemp("cleanup") / "cleanup.json"
+    proc, stdout, stderr = _run_module("bench.cleanup", "--quick", "--baseline", cleanup_mod.BASELINE,
+                                       "--json", str(raw))
+    assert raw.exists(), stderr[-3000:]
+    res = json.loads(raw.read_text())
+    assert json.loads(stdout) == res
+    return res, proc.returncode, raw
+
+
+def test_cleanup_every_check_passed(cleanup: tuple[dict[str, Any], int, Path]) -> None:
+    res, rc, _ = cleanup
+    assert [k for k, ok in res["checks"].items() if not ok] == []
+    assert rc == 0 and res["ok"]
+    assert (res["n"], res["m"]) == (cleanup_mod.QUICK_N, cleanup_mod.QUICK_M)
+    assert res["versions"][0]["commit"][:7] == cleanup_mod.BASELINE[:7]
+    assert [v["label"].split(" (")[0] for v in res["versions"]] == ["before", "this tree"]
+
+
+def test_cleanup_every_removed_flow_went_and_the_change_landed(cleanup: tuple[dict[str, Any], int, Path]) -> None:
+    res, _, _ = cleanup
+    n = res["n"]
+    for v in res["versions"]:
+        assert v["traffic"]["answered"] == n and v["traffic"]["by_backend"] == {"b1": n}  # real answered traffic
+        assert v["flows_before"]["natted_ports"] == n  # a NATed flow per identity
+        assert v["armed"]["flows"]["total"] >= n and v["armed"]["landed"] is None  # then, not yet the change
+        assert v["removal"]["flows_gone_s"] is not None and v["flows_after"]["total"] == 0
+        assert v["removal"]["flows_after"]["total"] == 0 and v["removal"]["count_after"] <= v["removal"]["others"]
+        assert v["change"]["in_kernel_s"] is not None and "10.0.1.12" in v["change"]["element"]
+        assert v["identities_before"] == n + 1 and v["identities_after"] == 1
+        assert v["agent_log"]["change_sync"]["backends"] == 2 and v["agent_alive"]
+        assert set(v["targets"]) == set(cleanup_mod.TARGETS)
+    old, new = res["versions"]
+    assert old["agent_log"]["removal_sync"]["flows_deleted"] == n  # the older code: conntrack -D in the sync
+    cleaned = new["agent_log"]["cleaned_removal"]  # this tree: the cleanup thread's report
+    assert cleaned["gone"] == n and cleaned["deleted"] == n and cleaned["kernel_filtered"] is True
+
+
+def test_cleanup_decoders_read_every_entry(cleanup: tuple[dict[str, Any], int, Path]) -> None:
+    d = cleanup[0]["decode"]
+    assert d["held"] == d["m"] == cleanup_mod.QUICK_M
+    assert set(d["decoders"]) == {"ctnetlink", "pyroute2_entries", "pyroute2_messages"}
+    for r in d["decoders"].values():
+        assert r["entries"] == [d["m"]] * d["reps"] and r["entries_per_s"] > 0
+
+
+def test_cleanup_section_is_written_once_and_kept(cleanup: tuple[dict[str, Any], int, Path], tmp_path: Path) -> None:
+    res, _, raw = cleanup
+    md = tmp_path / "BENCHMARKS.md"
+    md.write_text("# natgw-agent benchmarks\n\n## Correctness checks made during this run\n\n1 checks passed, 0 failed.\n"
+                  "\n## Busy neighbour\n\nbusy text\n")
+    for _ in range(2):  # written again, it replaces itself
+        assert report.main(["--cleanup", str(raw), "--out", str(md)]) == 0
+    assert report.main(["--cleanup", str(tmp_path / "missing.json"), "--out", str(md)]) == 1
+    text = md.read_text()
+    assert text.count(report.CLEANUP_HEADING + "\n") == 1 and text.startswith("# natgw-agent benchmarks\n")
+    assert "1 checks passed, 0 failed." in text and report.busy_section_of(text) == "## Busy neighbour\n\nbusy text\n\n"
+    section = report.section_of(text, report.CLEANUP_HEADING)
+    rows = [line for line in section.splitlines() if line.startswith("| ")]
+    assert len(rows) == 1 + 6 + 1 + 3  # two tables: a header and a row per measurement, per decoder
+    assert all(line.count(" | ") == 4 for line in rows[:7])  # measurement, target, two versions, ratio
+    assert "FAILED" not in section and f"{res['n']:,} removed identities" in section
+
+
+def test_cleanup_left_no_namespace_behind(cleanup: tuple[dict[str, Any], int, Path]) -> None:
+    res = cleanup[0]
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    names = [line.split()[0] for line in listed.splitlines() if line.strip()]
+    assert not [x for x in names if x.startswith(f"nb{res['pid']}-") or any(x.startswith(v["lab"]) for v in res["versions"])]
