@@ -28,6 +28,10 @@ class Notifier:
             self._last = now
             self._send("WATCHDOG=1")
 
+    def due(self) -> float | None:
+        """When the next WATCHDOG=1 is due (monotonic; None: no watchdog)."""
+        return None if self._interval is None else self._last + self._interval
+
     def _send(self, message: str) -> None:
         if not self._address:
             return

@@ -270,3 +270,28 @@ def test_a_change_is_synced_while_the_cleanup_of_an_earlier_one_is_still_running
         release.set()
         loop.stop.set()
         thread.join(5)
+
+
+def test_an_idle_loop_sleeps_past_the_wedge_limit_and_is_live_when_asked() -> None:
+    """The loop has no heartbeat timer: idle for longer than livez_wedged_after, it is
+    still live when a probe asks, because the probe wakes it and sees it turn."""
+    from agent.loop import Loop, StopEvent
+    from tests.sources import WakingSource
+
+    settings = Settings(gateway="gw1", conntrack=False, idle_wakeup=300.0, livez_wedged_after=0.2)
+    source = WakingSource()
+    source.put(eip("eip-web", "172.18.0.10"))
+    health = Health(settings.healthz_stale_after, settings.livez_wedged_after)
+    loop = Loop(settings, source, Reconciler(settings, *edges(FakeNft())), StopEvent(), health)
+    thread = threading.Thread(target=loop.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: loop.syncs == 1)
+        time.sleep(0.6)
+        turns = loop.turns
+        assert loop.turns - turns <= 1 and time.monotonic() - health.heartbeat > 0.2  # asleep, silent
+        assert health.livez()[0]  # woken by the probe: it turns, so it is live
+        assert loop.turns > turns
+    finally:
+        loop.stop.set()
+        thread.join(5)

@@ -1,6 +1,8 @@
 """systemd's notify protocol: READY once, WATCHDOG at twice the rate systemd expects."""
 from __future__ import annotations
 
+import time
+
 from agent.health import Health
 
 
@@ -27,3 +29,13 @@ def test_systemd_notify_ready_after_first_sync_and_watchdog(tmp_path) -> None:
         except socket.timeout:
             extra = b""
         assert extra == b""
+
+
+def test_the_watchdog_says_when_it_is_due() -> None:
+    from agent.sdnotify import Notifier
+
+    assert Notifier({}).due() is None  # no watchdog: no timer for it
+    notifier = Notifier({"WATCHDOG_USEC": "30000000"})
+    notifier.watchdog()
+    due = notifier.due()
+    assert due is not None and 14.0 < due - time.monotonic() <= 15.0  # half the period from the last ping
