@@ -12,7 +12,7 @@ DEBIAN13_ROOT ?= /var/tmp/natgw-agent-debian13
 DEBIAN13_VENV := .venv-debian13
 
 .PHONY: deps run test test-here test-debian13 unit netns bench bench-busy bench-busy-debian13 bench-busy-report \
-	bench-cleanup bench-cleanup-report clean
+	bench-cleanup bench-cleanup-report bench-footprint clean
 
 # Debian packages (the nftables binding is only packaged by the distro), then a virtualenv
 # made from the distro Python with system site packages so it sees that binding.
@@ -83,7 +83,10 @@ bench: deps
 	$(MAKE) --no-print-directory bench-cleanup || cleanup="$$cleanup, the run"; \
 	$(MAKE) --no-print-directory bench-cleanup-report || cleanup="$$cleanup, the report"; \
 	if [ -n "$$cleanup" ]; then echo "make bench: cleanup FAILED: $${cleanup#, }" >&2; fi; \
-	[ -z "$$failed$$cleanup" ]
+	footprint=; \
+	$(MAKE) --no-print-directory bench-footprint || footprint=" footprint FAILED"; \
+	if [ -n "$$footprint" ]; then echo "make bench:$$footprint" >&2; fi; \
+	[ -z "$$failed$$cleanup$$footprint" ]
 
 # The busy neighbour benchmark on whatever system make runs on; its JSON into BUSY_JSON
 # (progress on stderr).
@@ -111,6 +114,16 @@ bench-cleanup: deps
 # The cleanup section of BENCHMARKS.md from that result (the rest of the file stays).
 bench-cleanup-report:
 	$(PY) -m bench.report --cleanup $(CLEANUP_JSON)
+
+# Memory per size (1,000, 10,000, 20,000 identities x 4), reaction and idle CPU on the
+# Kubernetes path, this tree beside FOOTPRINT_BASELINE (the code before issue 13), about 20
+# minutes; then its section of BENCHMARKS.md.
+FOOTPRINT_BASELINE ?= a05ea73
+FOOTPRINT_JSON ?= build/bench-footprint.json
+bench-footprint: deps
+	@mkdir -p $(dir $(FOOTPRINT_JSON)) && rm -f $(FOOTPRINT_JSON)
+	$(PY) -m bench.footprint --baseline $(FOOTPRINT_BASELINE) --json $(FOOTPRINT_JSON) >/dev/null
+	$(PY) -m bench.footprint_report $(FOOTPRINT_JSON)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

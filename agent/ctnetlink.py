@@ -9,9 +9,10 @@ the whole table; a kernel without it ignores the filter and sends everything, wh
 dump's messages NLM_F_DUMP_FILTERED). A delete names the entry's kernel id as well as its
 tuple, so an entry that was replaced meanwhile by a new one with the same tuple stays.
 
-Why not pyroute2's conntrack: it decodes every attribute of every entry into objects
-(measured in bench/cleanup.py); this reads only the fields the decision and a delete need, on the
-codec agent/nfnetlink.py already has. Constants: linux/netfilter/nfnetlink_conntrack.h."""
+Why not pyroute2's conntrack: it decodes every attribute of every entry into objects;
+this reads only the fields the decision and a delete need, on the codec agent/nfnetlink.py
+already has (bench/cleanup.py, 20,000 entries: ~91,000 decoded a second here, pyroute2
+3,600-6,200). Constants: linux/netfilter/nfnetlink_conntrack.h."""
 from __future__ import annotations
 
 import errno

@@ -40,7 +40,7 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 from pyroute2.netns import create_socket
 
@@ -269,11 +269,23 @@ def memory_run(code: Path, n: int, affinity: bool, detail: bool) -> tuple[dict[s
         raise
 
 
-def reaction(world: World, agent: Agent) -> dict[str, Any]:
+class Counts(NamedTuple):
+    """How much of each measurement: the full run's, or --quick's (a test that it works)."""
+
+    events: int = EVENTS
+    bursts: int = BURSTS
+    traffic: int = TRAFFIC
+    idle_seconds: float = IDLE_SECONDS
+
+
+QUICK = Counts(events=20, bursts=2, traffic=5, idle_seconds=3.0)
+
+
+def reaction(world: World, agent: Agent, counts: Counts = Counts()) -> dict[str, Any]:
     """Single events, then bursts: (the agent's waited per sync, transactions per burst)."""
     rules = world.rules
     before = len(agent.synced())
-    for k in range(EVENTS):
+    for k in range(counts.events):
         rule = copy.deepcopy(rules[4 * k + 3])
         rule["spec"]["internalIp"] = f"10.2.{k // 250}.{k % 250 + 1}"
         world.fake.update("iptables-dnat-rules", rule)
@@ -282,17 +294,17 @@ def reaction(world: World, agent: Agent) -> dict[str, Any]:
     singles = agent.synced()[before:]
     waited = [e["waited"] for e in singles if "waited" in e]
     per_burst = []
-    for b in range(BURSTS):
+    for b in range(counts.bursts):
         mark = len(agent.synced())
         for k in range(BURST):
-            i = EVENTS + b * BURST + k
+            i = counts.events + b * BURST + k
             rule = copy.deepcopy(rules[4 * i + 3])
             rule["spec"]["internalIp"] = f"10.3.{i // 250}.{i % 250 + 1}"
             world.fake.update("iptables-dnat-rules", rule)
         time.sleep(0.5)
         per_burst.append(len(agent.synced()) - mark)
-    return {"events": EVENTS, "syncs": len(singles), "waited": _dist(waited) if waited else None,
-            "bursts": BURSTS, "burst_size": BURST, "transactions_per_burst": per_burst,
+    return {"events": counts.events, "syncs": len(singles), "waited": _dist(waited) if waited else None,
+            "bursts": counts.bursts, "burst_size": BURST, "transactions_per_burst": per_burst,
             "histogram": _histogram(agent.metrics())}
 
 
@@ -306,7 +318,7 @@ def _histogram(text: str) -> dict[str, int]:
     return out
 
 
-def traffic(world: World, agent: Agent) -> dict[str, Any]:
+def traffic(world: World, agent: Agent, count: int = TRAFFIC) -> dict[str, Any]:
     """From the API write of a new identity to its first connection answered."""
     backend = (world.lab.backend_ips[0], 8080)
     eip_name = "eip-" + TRAFFIC_EIP.replace(".", "-")
@@ -320,7 +332,7 @@ def traffic(world: World, agent: Agent) -> dict[str, Any]:
     assert client.stdin is not None and client.stdout is not None
     json.loads(client.stdout.readline())
     latencies, attempts = [], []
-    for k in range(TRAFFIC):
+    for k in range(count):
         port = TRAFFIC_PORT + k
         client.stdin.write(f"{TRAFFIC_EIP} {port}\n")
         client.stdin.flush()
@@ -336,7 +348,7 @@ def traffic(world: World, agent: Agent) -> dict[str, Any]:
             attempts.append(answer["attempts"])
     client.stdin.close()
     client.wait(10)
-    return {"identities": TRAFFIC, "reached": len(latencies), **_dist(latencies)}
+    return {"identities": count, "reached": len(latencies), **_dist(latencies)}
 
 
 def idle(agent: Agent, seconds: float = IDLE_SECONDS) -> dict[str, Any]:
@@ -365,7 +377,7 @@ def traced(code: Path, n: int) -> dict[str, Any] | None:
 
 
 def version(code: Path, label: str, sizes: tuple[int, ...], detail: bool, reaction_at: int,
-            idle_seconds: float) -> dict[str, Any]:
+            counts: Counts) -> dict[str, Any]:
     log(f"{label} ({code})")
     out: dict[str, Any] = {"label": label, "memory": []}
     for affinity in (False, True):
@@ -375,13 +387,13 @@ def version(code: Path, label: str, sizes: tuple[int, ...], detail: bool, reacti
                 out["memory"].append(res)
                 if n == reaction_at and not affinity:
                     log("  reaction")
-                    out["reaction"] = reaction(world, agent)
+                    out["reaction"] = reaction(world, agent, counts)
                     log(f"    {out['reaction']['waited']}, bursts -> {out['reaction']['transactions_per_burst']}")
                     log("  traffic")
-                    out["traffic"] = traffic(world, agent)
+                    out["traffic"] = traffic(world, agent, counts.traffic)
                     log(f"    {out['traffic']}")
-                    log(f"  idle ({idle_seconds:.0f} s)")
-                    out["idle"] = idle(agent, idle_seconds)
+                    log(f"  idle ({counts.idle_seconds:.0f} s)")
+                    out["idle"] = idle(agent, counts.idle_seconds)
                     log(f"    {out['idle']}")
             finally:
                 agent.stop()
@@ -404,7 +416,7 @@ def unpack(ref: str, into: Path) -> Path:
 
 
 def run(sizes: tuple[int, ...], baseline: str | None, reaction_at: int = REACTION_N,
-        idle_seconds: float = IDLE_SECONDS, trace: bool = True) -> dict[str, Any]:
+        counts: Counts = Counts(), trace: bool = True) -> dict[str, Any]:
     head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True).stdout.strip()
     dirty = bool(subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "agent"], capture_output=True,
@@ -415,9 +427,9 @@ def run(sizes: tuple[int, ...], baseline: str | None, reaction_at: int = REACTIO
             commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", baseline], capture_output=True,
                                     text=True, check=True).stdout.strip()
             result["versions"].append(version(unpack(baseline, Path(d)), f"before ({commit})", sizes, False,
-                                              reaction_at, idle_seconds))
+                                              reaction_at, counts))
     result["versions"].append(version(REPO, f"this tree ({head}{'+changes' if dirty else ''})", sizes, trace,
-                                          reaction_at, idle_seconds))
+                                          reaction_at, counts))
     return result
 
 
@@ -427,11 +439,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline", help="also measure this commit (e.g. a05ea73), side by side")
     ap.add_argument("--reaction-at", type=int, default=REACTION_N,
                     help="the size whose stateless agent is also measured for reaction, traffic and idle")
-    ap.add_argument("--idle-seconds", type=float, default=IDLE_SECONDS)
+    ap.add_argument("--idle-seconds", type=float, help=f"how long to measure the idle agent (default {IDLE_SECONDS:g})")
     ap.add_argument("--no-trace", action="store_true", help="skip the PYTHONTRACEMALLOC run")
+    ap.add_argument("--quick", action="store_true",
+                    help="few events, bursts and identities reached, a short idle: a test that it all works")
     ap.add_argument("--json", type=Path, help="write the result here too")
     args = ap.parse_args(argv)
-    result = run(tuple(int(s) for s in args.sizes.split(",")), args.baseline, args.reaction_at, args.idle_seconds,
+    counts = QUICK if args.quick else Counts()
+    if args.idle_seconds is not None:
+        counts = counts._replace(idle_seconds=args.idle_seconds)
+    result = run(tuple(int(s) for s in args.sizes.split(",")), args.baseline, args.reaction_at, counts,
                  not args.no_trace)
     text = json.dumps(result, indent=2)
     if args.json:

@@ -310,3 +310,46 @@ def test_cleanup_left_no_namespace_behind(cleanup: tuple[dict[str, Any], int, Pa
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     names = [line.split()[0] for line in listed.splitlines() if line.strip()]
     assert not [x for x in names if x.startswith(f"nb{res['pid']}-") or any(x.startswith(v["lab"]) for v in res["versions"])]
+
+
+# --- the footprint benchmark (bench/footprint.py), small ------------------------------------
+
+FOOTPRINT_N = 300
+
+
+@pytest.fixture(scope="module")
+def footprint(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    assert os.geteuid() == 0, "the benchmark needs root (network namespaces, nftables)"
+    raw = tmp_path_factory.mktemp("footprint") / "footprint.json"
+    proc, stdout, stderr = _run_module("bench.footprint", "--quick", "--sizes", str(FOOTPRINT_N), "--reaction-at",
+                                       str(FOOTPRINT_N), "--no-trace", "--json", str(raw))
+    assert proc.returncode == 0 and raw.exists(), stderr[-3000:]
+    return json.loads(raw.read_text())
+
+
+def test_footprint_measured_memory_reaction_traffic_and_idle(footprint: dict[str, Any]) -> None:
+    from bench.footprint import QUICK as counts
+
+    (this,) = footprint["versions"]
+    assert [(m["n"], m["affinity"]) for m in this["memory"]] == [(FOOTPRINT_N, False), (FOOTPRINT_N, True)]
+    assert all(0 < m["rss_mb"] <= m["peak_mb"] for m in this["memory"])
+    r = this["reaction"]
+    assert r["syncs"] >= counts.events and r["waited"]["n"] >= counts.events  # every watch event applied, and timed
+    assert len(r["transactions_per_burst"]) == counts.bursts and all(t >= 1 for t in r["transactions_per_burst"])
+    assert sum(int(c > 0) for c in r["histogram"].values()) > 0
+    assert this["traffic"]["reached"] == this["traffic"]["identities"] == counts.traffic  # each new identity answered
+    assert this["idle"]["seconds"] >= counts.idle_seconds and this["idle"]["cpu_percent"] >= 0
+
+
+def test_footprint_section_is_written_into_the_report(footprint: dict[str, Any], tmp_path: Path) -> None:
+    from bench import footprint_report
+
+    md = tmp_path / "BENCHMARKS.md"
+    md.write_text("# natgw-agent benchmarks\n\n## Busy neighbour\n\nkept\n")
+    results = tmp_path / "footprint.json"
+    results.write_text(json.dumps(footprint))
+    for _ in range(2):  # written again, it replaces itself
+        assert footprint_report.main([str(results), "--out", str(md)]) == 0
+    text = md.read_text()
+    assert text.count(footprint_report.HEADING) == 1 and "## Busy neighbour\n\nkept" in text
+    assert f"| {FOOTPRINT_N:,} | stateless |" in text and f"| {FOOTPRINT_N:,} | ClientIP |" in text
