@@ -327,7 +327,10 @@ def test_lists_come_in_pages_of_one_consistent_version(fake: FakeKube) -> None:
         pages = [r for r in fake.requests if r.verb == "list" and r.resource == RULES]
         assert [p.query.get("limit") for p in pages] == ["100"] * 3
         assert [bool(p.query.get("continue")) for p in pages] == [False, True, True]
-        watch = next(r for r in fake.requests if r.verb == "watch" and r.resource == RULES)
+        # Ready once listed; the watch from the list's version starts right after (a race
+        # the test lost once in CI when it looked at once).
+        watch = wait(lambda: next((r for r in fake.requests if r.verb == "watch" and r.resource == RULES), None),
+                     what="the watch")
         assert watch.query["resourceVersion"] == fake.resource_version
     finally:
         src.stop()
