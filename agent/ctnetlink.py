@@ -37,26 +37,17 @@ _U32 = struct.Struct("=I")  # CTA_FILTER's flags are in host order
 _BE16 = struct.Struct("!H")
 
 
-class Conntrack:
+class Conntrack(nl.NfSocket):
     """One ctnetlink socket in the network namespace of the thread that creates it."""
 
     def __init__(self, timeout: float = 10.0) -> None:
-        self._sock = nl.NfSocket(timeout=timeout, subsys=nl.NFNL_SUBSYS_CTNETLINK)
+        super().__init__(timeout=timeout, subsys=nl.NFNL_SUBSYS_CTNETLINK)
         self.filtered: bool | None = None  # did the kernel filter the last dump (None: it sent nothing)
         self.dumped = 0  # entries the kernel sent, all dumps so far (more than asked for: no kernel filter)
 
-    def close(self) -> None:
-        self._sock.close()
-
-    def __enter__(self) -> Conntrack:
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.close()
-
     def flows(self, query: Query) -> Iterator[Flow]:
         """The IPv4 entries whose original destination matches the query."""
-        dump = self._sock.dump(IPCTNL_MSG_CT_GET, AF_INET, filter_attrs(query))
+        dump = self.dump(IPCTNL_MSG_CT_GET, AF_INET, filter_attrs(query))
         self.filtered = None
         for m in dump:
             self.dumped += 1
@@ -73,7 +64,7 @@ class Conntrack:
         deleted = 0
         for start in range(0, len(flows), DELETE_BATCH):
             chunk = flows[start:start + DELETE_BATCH]
-            codes = self._sock.batch(IPCTNL_MSG_CT_DELETE, AF_INET, [delete_attrs(f) for f in chunk])
+            codes = self.batch(IPCTNL_MSG_CT_DELETE, AF_INET, [delete_attrs(f) for f in chunk])
             for code in codes:
                 if code == 0:
                     deleted += 1

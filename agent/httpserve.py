@@ -12,6 +12,7 @@ from typing import Any
 
 _IDLE_POLL = 3600.0  # seconds serve_forever waits in select() before looking at its shutdown flag
 
+
 class BoundedServer(ThreadingHTTPServer):
     daemon_threads = True
 

@@ -510,7 +510,7 @@ _PAYLOADS = {  # (base, offset, len) -> nft's name; ip family only
 _META = {16: ({"meta": {"key": "l4proto"}}, 1, (12,)), 3: ({"meta": {"key": "mark"}}, 4, (19,)),
          6: ({"meta": {"key": "iifname"}}, 16, (41,)), 7: ({"meta": {"key": "oifname"}}, 16, (41,))}
 _META_SETTABLE = {3}  # meta mark set
-_CT = {(19, 0): "ip saddr", (20, 0): "ip daddr", (19, 1): "ip saddr", (20, 1): "ip daddr"}  # (key, dir) -> name
+_CT_KEYS = {19: "ip saddr", 20: "ip daddr"}  # NFT_CT_SRC_IP, NFT_CT_DST_IP
 _CT_DIRS = {0: "original", 1: "reply"}
 _MARK_MASK = 0xFFFFFFFF
 _CMP_OPS = {0: "==", 1: "!=", 2: "<", 3: "<=", 4: ">", 5: ">="}
@@ -667,8 +667,8 @@ class _Rule:
         if 4 in a or 1 not in a:
             raise _Opaque("ct set")
         key, direction = nl.get_be32(a[2]), a[3][0] if 3 in a else None  # NFTA_CT_DIRECTION: a u8
-        name = _CT.get((key, direction)) if direction is not None else None
-        if name is None:
+        name = _CT_KEYS.get(key)
+        if name is None or direction not in _CT_DIRS:
             raise _Opaque(f"ct key {key}")
         self.load(nl.get_be32(a[1]), _Operand({"ct": {"key": name, "dir": _CT_DIRS[direction]}}, 4, (7,), "load"))
 

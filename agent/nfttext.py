@@ -6,17 +6,14 @@ agent applies it, and nothing of the caller's namespace is touched."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
+
+from agent.privatens import run_private
 
 
 def to_text(document: str) -> str:
     """The kernel's text for this JSON document (needs root for the private namespace)."""
-    done = subprocess.run(["unshare", "--net", sys.executable, "-m", "agent.nfttext"], input=document,
-                          capture_output=True, text=True, timeout=120)
-    if done.returncode != 0:
-        raise RuntimeError(done.stderr.strip() or "unshare failed")
-    return done.stdout
+    return run_private("agent.nfttext", input=document, timeout=120)
 
 
 def _main() -> int:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
 import sys
 from typing import Any
 
 from agent.caps import Capabilities
+from agent.privatens import run_private
 
 FIELDS = {f.name for f in dataclasses.fields(Capabilities)}
 
@@ -29,13 +29,10 @@ def probe_private(table: str) -> Capabilities:
     """Probe in a namespace of its own; raises RuntimeError when that cannot be made (not
     root, e.g. in a gateway pod's agent container, which has CAP_NET_ADMIN only)."""
     try:
-        done = subprocess.run(["unshare", "--net", sys.executable, "-m", "agent.privateprobe", table],
-                              capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        raise RuntimeError(str(err)) from err
-    if done.returncode != 0:
-        raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "unshare failed")
-    return Capabilities(**json.loads(done.stdout))
+        out = run_private("agent.privateprobe", table)
+    except RuntimeError as err:
+        raise RuntimeError(str(err).splitlines()[-1]) from err  # the error, not the traceback before it
+    return Capabilities(**json.loads(out))
 
 
 def _main() -> int:
