@@ -57,23 +57,16 @@ def service_of(identity: Identity, members: Iterable[Rule], max_backends: int) -
     that does not is still served.
     """
     members = list(members)
-    backends = sorted({r.backend for r in members})
+    backends = tuple(sorted({r.backend for r in members}))
     if len(backends) > max_backends:
         reason = f"identity {identity} has {len(backends)} backends, more than the limit {max_backends}"
         return None, [RuleError(RULE_KIND, r.name, "spec.internalIp", reason) for r in sorted(members, key=lambda r: r.name)], ""
-    sticky = [r for r in members if r.affinity]
-    timeouts = {r.timeout for r in sticky}
+    timeouts = {r.timeout for r in members if r.affinity}
     note = ""
-    if sticky and (len(sticky) != len(members) or len(timeouts) > 1):
+    if timeouts and (len(timeouts) > 1 or not all(r.affinity for r in members)):
         note = f"identity {identity}: rules disagree on session affinity; using ClientIP with timeout {max(timeouts)}s"
-    service = Service(
-        identity=identity,
-        backends=tuple(backends),
-        affinity=bool(sticky),
-        timeout=max(timeouts) if sticky else 0,
-        rule_names=tuple(sorted(r.name for r in members)),
-    )
-    return service, [], note
+    timeout = max(timeouts) if timeouts else 0
+    return Service(identity, backends, bool(timeouts), timeout, tuple(sorted(r.name for r in members))), [], note
 
 
 class Catalog(Protocol):
@@ -178,22 +171,16 @@ class DesiredState:
 
     def _learn_rule(self, name: str, copies: list[dict[str, Any]]) -> None:
         """Evaluate a rule the state holds nothing of (forgotten by _set_rule, or a rebuild)."""
-        # Every copy's EIP (a directory may hold two copies pointing at different EIPs).
-        if len(copies) == 1:
-            ref = eip_reference(copies[0])
-            refs: tuple[str, ...] = () if ref is None else (ref,)
-        else:
-            refs = tuple({ref for c in copies if (ref := eip_reference(c)) is not None})
-        result = rule_of(name, copies, self._eips, self.gateway)
-        if refs and not (isinstance(result, Rule) and refs == (result.eip,)):
-            self._refers[name] = refs[0] if len(refs) == 1 else refs  # a valid rule's is its .eip
+        result = rule_of(name, copies, self._eips, self.gateway, self._identities)
         if isinstance(result, Rule):
-            identity = self._identities.setdefault(result.identity, result.identity)
-            if identity is not result.identity:
-                result = result._replace(identity=identity)
-            self._add_member(identity, name)
-        elif result is not None:
-            self._invalid[name] = result
+            self._add_member(result.identity, name)  # its EIP is result.eip: nothing in _refers
+        else:
+            # Every copy's EIP (a directory may hold two copies pointing at different EIPs).
+            refs = tuple({ref for c in copies if (ref := eip_reference(c)) is not None})
+            if refs:
+                self._refers[name] = refs[0] if len(refs) == 1 else refs
+            if result is not None:
+                self._invalid[name] = result
         if result is not None:
             self._results[name] = result
 

@@ -16,8 +16,9 @@ affinity cleanup included, are never taken for drift. An overrun, or a change to
 table itself, asks for a full read-back."""
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Collection, Iterable
+from typing import Any, Callable, Collection, Iterable, Iterator
 
 from agent import nfnetlink as nl
 from agent import nftread as nr
@@ -168,6 +169,31 @@ class KernelView:
             self._overrun = self._overrun or drained.overrun
             if len(self._carried) > _CARRIED_MAX:  # kept unlooked-at for long: one read-back instead
                 self._carried, self._overrun = [], True
+
+    @contextlib.contextmanager
+    def deaf(self, commits: Callable[[], int]) -> Iterator[None]:
+        """The agent's own large transactions (a full sync) with this view deaf to them:
+        with no listener the kernel builds no notifications at all (measured at 10,000
+        identities x 4: 0.50 -> 0.41 s for the transactions, 50,000 notifications not
+        built, nor read back). Others' commits meanwhile go unheard too: the generation
+        after, less the one before, less the agent's own commits (`commits()`, a running
+        count) tells whether there were any; if so, the next damage() asks for a full
+        read-back. (Another listener, such as `nft monitor`, makes the kernel build them
+        anyway; nothing else changes.)"""
+        if self._sub is None:
+            yield
+            return
+        self.keep_up()
+        start, ours = nr.generation(self._sock), commits()
+        self._sub.listen(False)
+        try:
+            yield
+        finally:
+            # Listening again first: a commit between the two is both heard and counted
+            # (a read-back for nothing at worst), never neither.
+            self._sub.listen(True)
+            if (nr.generation(self._sock) - start) & 0xFFFFFFFF != commits() - ours:
+                self._overrun = True
 
     def damage(self) -> Damage:
         """What others changed since the last look (nothing: NONE)."""

@@ -179,7 +179,7 @@ class Loop:
             if self.pending:
                 # Its socket is level-triggered: left unread while a sync waits (a source not
                 # ready, a retry's backoff), it woke the loop at once, every turn: a core spun.
-                self.reconciler.view.keep_up()  # type: ignore[attr-defined]
+                self.reconciler.view.keep_up()
         if self.pending:
             self.health.pending()
             self.metrics.last_queued.set(self.queued_at)

@@ -49,7 +49,7 @@ NLMSGERR_ATTR_MSG = 1
 NLA_F_NESTED, NLA_F_NET_BYTEORDER = 0x8000, 0x4000
 NLA_TYPE_MASK = ~(NLA_F_NESTED | NLA_F_NET_BYTEORDER) & 0xFFFF
 SOL_NETLINK = 270
-NETLINK_ADD_MEMBERSHIP, NETLINK_CAP_ACK, NETLINK_EXT_ACK = 1, 10, 11
+NETLINK_ADD_MEMBERSHIP, NETLINK_DROP_MEMBERSHIP, NETLINK_CAP_ACK, NETLINK_EXT_ACK = 1, 2, 10, 11
 SO_RCVBUFFORCE = 33
 
 # linux/netfilter/nfnetlink.h
@@ -442,9 +442,14 @@ class Subscriber:
         except BaseException:
             self._sock.close()
             raise
+        self.group = group
         self._buf = bytearray(_RECV_BUF)
         self.received = 0  # messages handed out so far
         self.overruns = 0
+
+    def listen(self, on: bool) -> None:
+        """Join or leave the group (what is queued already stays to be drained)."""
+        self._sock.setsockopt(SOL_NETLINK, NETLINK_ADD_MEMBERSHIP if on else NETLINK_DROP_MEMBERSHIP, self.group)
 
     def fileno(self) -> int:
         return self._sock.fileno()

@@ -7,7 +7,7 @@ import hashlib
 import json
 import re
 import subprocess
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 from agent.errors import ApplyError
 from agent.memory import no_fastbins
@@ -92,15 +92,12 @@ class Nft:
         self._nft = backend if backend is not None else _Context()
         self.transactions = 0  # transactions committed (for tests and metrics)
 
-    def apply(self, plan: Plan, between: Callable[[], None] | None = None) -> None:
+    def apply(self, plan: Plan) -> None:
         """Send a plan, one transaction per phase, in order; raise ApplyError on failure
         (`partial` when an earlier phase that changes the data plane had committed: the
-        deletes before a text declaration, or earlier identities of a chunked plan).
-        `between` is called after each phase but the last."""
+        deletes before a text declaration, or earlier identities of a chunked plan)."""
         committed = False
-        for n, phase in enumerate(plan.phases):
-            if n and between is not None:
-                between()
+        for phase in plan.phases:
             try:
                 if phase.kind == DECLARE:
                     self._text("\n".join(text_declaration(c) for c in phase.commands), len(phase.commands))

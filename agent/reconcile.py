@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Protocol
+from typing import Any, Callable, ContextManager, Iterable, Protocol
 
 import structlog
 
@@ -28,6 +28,10 @@ from agent.settings import Settings
 
 log = structlog.get_logger()
 
+# Elements beyond which a transaction is large: the view stops listening while it runs
+# (its notifications cost the kernel ~2 us each) and the heap is trimmed after it.
+LARGE_TRANSACTION = 1000
+
 
 class View(Protocol):
     """The agent's table as the kernel holds it (agent/kernel.py's KernelView; in unit
@@ -36,6 +40,8 @@ class View(Protocol):
     def read(self) -> Ruleset | None: ...
     def read_other(self, table: str) -> Ruleset | None: ...
     def damage(self) -> Damage: ...
+    def keep_up(self) -> None: ...
+    def deaf(self, commits: Callable[[], int]) -> ContextManager[None]: ...
     def reread(self, damage: Damage, mirror: Ruleset) -> Ruleset: ...
     def entries(self, name: str) -> list[ElemKey]: ...
 
@@ -152,13 +158,14 @@ class Reconciler:
     def _apply(self, todo: Plan) -> None:
         if not todo:
             return
+        if len(todo.phases) == 1 and element_count(todo.commands) <= LARGE_TRANSACTION:
+            self.nft.apply(todo)
+            return
         try:
-            # Between the transactions of a chunked plan the view reads the notifications
-            # they caused: 100,000 at once (20,000 identities) overflowed its socket.
-            self.nft.apply(todo, getattr(self.view, "keep_up", None))
+            with self.view.deaf(lambda: self.nft.transactions):
+                self.nft.apply(todo)
         finally:
-            if len(todo.phases) > 1 or element_count(todo.commands) > 1000:
-                trim()  # what libnftables used for a large transaction goes back to the kernel
+            trim()  # what libnftables used for a large transaction goes back to the kernel
 
     def check_drift(self) -> bool:
         """Repair what others changed in the agent's table since the last look, as the

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -21,6 +22,23 @@ TABLE = Settings.table
 EIP = "172.18.0.10"
 OTHER_EIP = "172.18.0.11"
 BACKENDS = {"b1": "10.0.1.11", "b2": "10.0.1.12", "b3": "10.0.1.13"}
+
+
+def script_in_fresh_namespace(prefix: str, script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """netns-tests/scripts/<script> run in a network namespace of its own (always deleted)."""
+    ns = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        return subprocess.run(["ip", "netns", "exec", ns, sys.executable, f"netns-tests/scripts/{script}", *args],
+                              cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
+def report_of(done: subprocess.CompletedProcess[str]) -> Any:
+    """A script's last line of output, as JSON, once it exited 0."""
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def wait_for(check: Callable[[], Any], timeout: float = 5.0, interval: float = 0.05, what: str = "condition") -> Any:

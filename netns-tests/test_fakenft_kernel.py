@@ -2,25 +2,12 @@
 kernel in a fresh namespace."""
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import uuid
-
-from gwtest import ROOT
+from gwtest import report_of, script_in_fresh_namespace
 from tests.fakenft_cases import CASES, OK
 
 
 def test_the_kernel_answers_every_case_as_the_fake_does() -> None:
-    ns = f"ngwfake-{uuid.uuid4().hex[:6]}"
-    subprocess.run(["ip", "netns", "add", ns], check=True)
-    try:
-        out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "netns-tests/scripts/fakenft_cases.py"],
-                             cwd=ROOT, capture_output=True, text=True, timeout=120)
-    finally:
-        subprocess.run(["ip", "netns", "del", ns], check=False)
-    assert out.returncode == 0, out.stderr[-3000:]
-    results = json.loads(out.stdout.strip().splitlines()[-1])
+    results = report_of(script_in_fresh_namespace("ngwfake", "fakenft_cases.py"))
     for case, (_, expected) in CASES.items():
         rc, err, unchanged = results[case]
         if expected == OK:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import uuid
 
-from gwtest import ROOT
+from gwtest import ROOT, report_of, script_in_fresh_namespace
 
 
 def test_random_partial_syncs_keep_kernel_and_mirror_equal() -> None:
@@ -26,15 +26,7 @@ def test_random_partial_syncs_keep_kernel_and_mirror_equal() -> None:
 
 
 def redeclare(mode: str) -> dict:
-    ns = f"ngwdecl-{uuid.uuid4().hex[:6]}"
-    subprocess.run(["ip", "netns", "add", ns], check=True)
-    try:
-        out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "netns-tests/scripts/redeclare.py", mode],
-                             cwd=ROOT, capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0, out.stderr[-3000:]
-        return json.loads(out.stdout.strip().splitlines()[-1])
-    finally:
-        subprocess.run(["ip", "netns", "del", ns], check=False)
+    return report_of(script_in_fresh_namespace("ngwdecl", "redeclare.py", mode))  # type: ignore[no-any-return]
 
 
 def test_a_settings_change_redeclares_in_one_transaction() -> None:

@@ -12,12 +12,13 @@ Unit tests drive the agent's real Nft edge with it: drift, repair, redeclaration
 chain retirement need no root."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import re
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 ENOENT = "Error: Could not process rule: No such file or directory"
 EEXIST = "Error: Could not process rule: File exists"
@@ -525,12 +526,30 @@ class FakeView:
     def __init__(self, fake: FakeNft, family: str, table: str, also: tuple[str, ...]) -> None:
         self.fake, self.family, self.table, self.also = fake, family, table, also
         self._seen = len(fake.events)
+        self._lost = False  # others committed while deaf(): the next damage() is everything
+        self._unheard: list[range] = []  # event indices committed while deaf()
+        self.deaf_windows = 0
         self.reads = 0
         self.state = None
 
+    def keep_up(self) -> None:
+        pass  # the fake's events do not pile up anywhere
+
+    @contextlib.contextmanager
+    def deaf(self, commits: Any) -> Iterator[None]:
+        """As the kernel view's: what others commit meanwhile is not heard, only known of."""
+        self.deaf_windows += 1
+        start = len(self.fake.events)
+        try:
+            yield
+        finally:
+            window = range(start, len(self.fake.events))
+            self._unheard.append(window)
+            self._lost = self._lost or any(self.fake.events[i][0] != "agent" for i in window)
+
     def read(self) -> Any:
         self.reads += 1
-        self._seen = len(self.fake.events)
+        self._seen, self._unheard, self._lost = len(self.fake.events), [], False  # superseded by the read
         return self.read_other(self.table)
 
     def read_other(self, table: str) -> Any:
@@ -544,8 +563,10 @@ class FakeView:
         from agent.kernel import Damage
         from agent.layout import affinity_slot
 
-        events, self._seen = self.fake.events[self._seen:], len(self.fake.events)
-        chains, sets, elements, others, everything = set(), set(), set(), set(), False
+        events = [e for i, e in enumerate(self.fake.events) if i >= self._seen and not any(i in w for w in self._unheard)]
+        self._seen, self._unheard = len(self.fake.events), []
+        chains, sets, elements, others, everything = set(), set(), set(), set(), self._lost
+        self._lost = False
         for origin, family, table, kind, name in events:
             if origin == "agent" or family != self.family or (table != self.table and table not in self.also):
                 continue

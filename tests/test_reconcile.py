@@ -112,6 +112,37 @@ def test_only_others_changes_to_the_agents_table_are_drift() -> None:
                                                      **reconciler.mirror.rules["slot_0"][0]}}}]
 
 
+
+def test_what_others_commit_while_a_large_sync_does_not_listen_is_read_back_and_repaired() -> None:
+    """A large transaction runs with the view deaf (the kernel then builds no
+    notifications): another's commit in that window is not heard, only known of, and the
+    next drift check reads the table back and repairs it."""
+    store = Store()
+    store.put(eip("eip-a", "172.18.0.10"))
+    store.put(rule("r", 80, "10.0.1.1", eip_name="eip-a"))
+    backend = FakeNft()
+    reconciler = Reconciler(SETTINGS, *edges(backend))
+    agents = backend.json_cmd
+
+    def then_someone_else(doc: Any) -> Any:
+        out = agents(doc)
+        if "slot_0" not in str(doc):
+            return out  # not yet the sync's transaction
+        backend.json_cmd = agents  # once
+        backend.external([{"flush": {"chain": {"family": "ip", "table": "natgw", "name": "slot_0"}}}])
+        return out
+
+    backend.json_cmd = then_someone_else  # type: ignore[method-assign]
+    reconciler.sync(store, None)  # two transactions (text, JSON): large, so deaf
+    clean = FakeNft()
+    Reconciler(SETTINGS, *edges(clean)).sync(store, None)
+    assert reconciler.view.deaf_windows == 1 and backend.dump() != clean.dump()
+    reads = reconciler.view.reads
+    assert reconciler.check_drift() is False  # repaired from a read-back of everything
+    assert reconciler.view.reads == reads + 1 and backend.dump() == clean.dump()
+    assert reconciler.check_drift() is False and reconciler.view.reads == reads + 1  # and quiet after
+
+
 # ---- against the fake table: what only the kernel could show before, without root
 
 FAST = Settings(gateway="gw1", conntrack=False, retire_delay=0.0)
