@@ -177,7 +177,7 @@ class Reconciler:
         damage = self.view.damage()
         if not damage or self.mirror is None:
             return False
-        if damage.others and self.settings.take_over_legacy:
+        if (damage.others or damage.everything) and self.settings.take_over_legacy:  # everything: maybe theirs too
             self._legacy = self.view.read_other(LEGACY_TABLE)
             if self._legacy_takeover():
                 log.info("legacy objects reappeared for identities the agent serves; taking over")

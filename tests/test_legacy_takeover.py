@@ -158,3 +158,35 @@ def test_nothing_without_a_legacy_table_or_a_served_identity_in_it() -> None:
     assert takeover_commands(EMPTY, [key(WEB)]) == []  # a table without the script's map
     assert takeover_commands(legacy_table(loaded(APP)), [key(WEB), key(DNS)]) == []
     assert takeover_commands(legacy_table(loaded(WEB)), []) == []
+
+
+def test_legacy_objects_added_while_the_agent_did_not_listen_are_taken_over() -> None:
+    """The script re-adds a served identity while a large sync runs deaf (agent/kernel.py:
+    nothing heard, only that someone committed): the drift check looks at the legacy
+    table too, and asks for the full sync that takes it over again."""
+    from agent.reconcile import Reconciler
+    from agent.settings import Settings
+    from tests.builders import eip, rule
+    from tests.fakenft import edges
+    from tests.sources import Store
+
+    store = Store()
+    store.put(eip("eip-web", EIP))
+    store.put(rule("web", 80, "10.0.1.11"))
+    fake = FakeNft()
+    reconciler = Reconciler(Settings(gateway="gw1", conntrack=False, take_over_legacy=True), *edges(fake))
+    agents = fake.json_cmd
+
+    def then_the_script(doc: Any) -> Any:
+        out = agents(doc)
+        if "services" in json.dumps(doc):  # the sync's own transaction, not a probe
+            fake.json_cmd = agents  # type: ignore[method-assign]
+            fake.external(script_commands(WEB))
+        return out
+
+    fake.json_cmd = then_the_script  # type: ignore[method-assign]
+    reconciler.sync(store, None)
+    assert reconciler.view.deaf_windows == 1 and legacy_table(fake) is not None
+    assert reconciler.check_drift() is True  # a full sync is due: it takes the identity over
+    reconciler.sync(store, None)
+    assert key(WEB) not in legacy_table(fake).elements["service-ips"]
