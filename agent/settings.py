@@ -80,7 +80,8 @@ class Settings:
 
     coalesce_window: float = 0.005
     """Changes arriving together go in one transaction: after a change, the loop waits
-    while more keep coming (1 ms of quiet at a time), at most this long."""
+    while more keep coming (until 1 ms of quiet, 2.5 ms within a burst: agent/loop.py),
+    at most this long."""
 
     idle_wakeup: float = 300.0
     """Longest the loop sleeps with nothing due (a safety net: sources, the kernel and

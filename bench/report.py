@@ -18,6 +18,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from bench.agent_driver import LOOP_CHANGES
 from bench.identities import BACKENDS, RULES_PER_FILE_IDENTITIES, TIMEOUT
 
 MODES = ((False, "stateless"), (True, f"ClientIP (timeout {TIMEOUT} s)"))
@@ -447,8 +448,9 @@ def markdown(res: dict[str, Any]) -> str:
         *agent_table(res),
         "",
         "`sync(src.objects())` is the call the benchmark was asked to time: it evaluates every object. The run loop "
-        "(`agent.reconcile.run_loop`) calls `sync(source, source.take_changes())`, which evaluates only the objects the "
-        "source saw change; the second change (identity N/2+1, another address) goes that way. Each change rewrites "
+        "(`agent.loop`) calls `sync(source, source.take_changes())`, which evaluates only the objects the "
+        "source saw change; the run loop's changes go that way, and its figure is the median of "
+        f"{LOOP_CHANGES + 1} (identity N/2+1, then {LOOP_CHANGES} others, one at a time). Each change rewrites "
         f"one rules file, i.e. {RULES_PER_FILE_IDENTITIES * BACKENDS:,} rules (fewer at small sizes). "
         "\"the two polls\" is the directory source re-reading the rewritten file (the first poll sees it change, the "
         "second reads it). Peak RSS is the driver process's, which holds the parsed manifests, the model and the "

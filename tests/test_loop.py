@@ -295,3 +295,52 @@ def test_an_idle_loop_sleeps_past_the_wedge_limit_and_is_live_when_asked() -> No
     finally:
         loop.stop.set()
         thread.join(5)
+
+
+class ScriptedWaker:
+    """A waker whose wait() answers from a script (True: a change came within the
+    timeout), on a clock that moves by each wait's timeout: _coalesce without timing."""
+
+    def __init__(self, answers: list[bool]) -> None:
+        self.answers, self.waits, self.now = answers, [], 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+    def wait(self, timeout: float) -> bool:
+        self.waits.append(round(timeout, 6))
+        came = self.answers.pop(0) if self.answers else True
+        self.now += max(timeout / 2, 0.0001) if came else timeout  # a change came halfway (time moves)
+        return came
+
+    def clear(self) -> None:
+        pass
+
+
+def coalesced(answers: list[bool]) -> list[float]:
+    from agent.loop import Loop
+
+    scripted = ScriptedWaker(answers)
+    loop = Loop.__new__(Loop)  # only what _coalesce uses
+    loop.settings, loop.clock, loop.waker = Settings(gateway="gw1"), scripted.clock, scripted  # type: ignore[assignment]
+    loop._coalesce()
+    return scripted.waits
+
+
+def test_a_lone_change_waits_only_a_short_quiet() -> None:
+    from agent.loop import LONE_QUIET
+
+    assert coalesced([False]) == [LONE_QUIET]
+
+
+def test_within_a_burst_a_longer_quiet_ends_the_wait() -> None:
+    from agent.loop import BURST_QUIET, LONE_QUIET
+
+    # a second change came within the lone quiet: from then on, the burst's quiet
+    assert coalesced([True, True, False]) == [LONE_QUIET, BURST_QUIET, BURST_QUIET]
+
+
+def test_a_stream_of_changes_waits_no_longer_than_the_window() -> None:
+    waits = coalesced([True] * 1000)
+    assert sum(max(w / 2, 0.0001) for w in waits) <= Settings(gateway="gw1").coalesce_window + 0.0001
+    assert waits[-1] < waits[1]  # the last wait is cut to what is left of the window
