@@ -20,10 +20,14 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Iterable, Iterator
 
+import structlog
+
 from agent import nfnetlink as nl
 from agent import nftread as nr
 from agent.layout import Counters, affinity_slot, backend_counters, backend_slot
 from agent.ruleset import Elem, ElemKey, Ruleset, element
+
+log = structlog.get_logger()
 
 _OBJECT_NAME = {nr.NEWCHAIN: nr.CHAIN_NAME, nr.DELCHAIN: nr.CHAIN_NAME, nr.NEWRULE: nr.RULE_CHAIN,
                 nr.DELRULE: nr.RULE_CHAIN, nr.NEWSET: nr.SET_NAME, nr.DELSET: nr.SET_NAME,
@@ -180,11 +184,13 @@ class KernelView:
         count) tells whether there were any; if so, the next damage() asks for a full
         read-back. (Another listener, such as `nft monitor`, makes the kernel build them
         anyway; nothing else changes.)"""
-        if self._sub is None:
+        start = self._generation() if self._sub is not None else None
+        if start is None:  # nothing to listen to, or no generation to tell by: listening on
             yield
             return
+        assert self._sub is not None
         self.keep_up()
-        start, ours = nr.generation(self._sock), commits()
+        ours = commits()
         self._sub.listen(False)
         try:
             yield
@@ -192,8 +198,16 @@ class KernelView:
             # Listening again first: a commit between the two is both heard and counted
             # (a read-back for nothing at worst), never neither.
             self._sub.listen(True)
-            if (nr.generation(self._sock) - start) & 0xFFFFFFFF != commits() - ours:
+            end = self._generation()
+            if end is None or (end - start) & 0xFFFFFFFF != commits() - ours:
                 self._overrun = True
+
+    def _generation(self) -> int | None:
+        try:
+            return nr.generation(self._sock)
+        except (OSError, nl.MalformedError, KeyError) as err:  # NetlinkError is an OSError
+            log.warning("cannot read the ruleset generation", error=str(err))
+            return None
 
     def damage(self) -> Damage:
         """What others changed since the last look (nothing: NONE)."""
