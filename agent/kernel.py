@@ -209,6 +209,11 @@ class KernelView:
             log.warning("cannot read the ruleset generation", error=str(err))
             return None
 
+    def missed(self) -> bool:
+        """Notifications were lost (an overrun, or others' commits while deaf): a drift
+        check is due though nothing may come to wake the loop for it."""
+        return self._overrun
+
     def damage(self) -> Damage:
         """What others changed since the last look (nothing: NONE)."""
         assert self._sub is not None, "a read-only view follows no changes"

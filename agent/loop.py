@@ -196,7 +196,7 @@ class Loop:
             self.metrics.last_queued.set(self.queued_at)
         if self.pending and self.source.ready and now >= self.retry_at:
             self._sync(now)
-        if not self.pending and (self.drift_due or kernel_news(self.reconciler)):
+        if not self.pending and (self.drift_due or self.reconciler.view.missed() or kernel_news(self.reconciler)):
             self.drift_due = False
             try:
                 if self.reconciler.check_drift():

@@ -535,6 +535,9 @@ class FakeView:
     def keep_up(self) -> None:
         pass  # the fake's events do not pile up anywhere
 
+    def missed(self) -> bool:
+        return self._lost
+
     @contextlib.contextmanager
     def deaf(self, commits: Any) -> Iterator[None]:
         """As the kernel view's: what others commit meanwhile is not heard, only known of."""

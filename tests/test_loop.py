@@ -224,6 +224,38 @@ def test_a_notification_while_a_sync_waits_does_not_make_the_loop_spin() -> None
         thread.join(5)
 
 
+
+def test_what_others_did_while_the_view_was_deaf_is_repaired_though_nothing_wakes_the_loop() -> None:
+    """The first sync is large (deaf: agent/kernel.py); someone flushes one of the agent's
+    chains in that window. No notification comes for it, nor anything after: the loop
+    still checks for drift, reads back and repairs."""
+    from agent.loop import Loop, StopEvent
+
+    source = world()
+    backend = FakeNft()
+    nft, view = edges(backend)
+    notifying = NotifyingView(view)  # a descriptor to sleep on: no drift check every turn
+    agents = backend.json_cmd
+
+    def then_someone_else(doc: Any) -> Any:
+        out = agents(doc)
+        if "slot_0" in str(doc):
+            backend.json_cmd = agents  # type: ignore[method-assign]
+            backend.external([{"flush": {"chain": {"family": "ip", "table": "natgw", "name": "slot_0"}}}])
+        return out
+
+    backend.json_cmd = then_someone_else  # type: ignore[method-assign]
+    loop = Loop(IDLE, source, Reconciler(IDLE, nft, notifying), StopEvent())  # type: ignore[arg-type]
+    thread = threading.Thread(target=loop.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: loop.syncs == 1)
+        wait_until(lambda: backend.view().read().rules.get("slot_0"))  # repaired
+        assert view.deaf_windows == 1 and notifying.drained == 0  # no notification woke it
+    finally:
+        loop.stop.set()
+        thread.join(5)
+
 def test_a_change_is_synced_while_the_cleanup_of_an_earlier_one_is_still_running() -> None:
     """Cleanup never holds up a change: with the conntrack pass of a removal stuck, the
     next change is synced anyway, and the pass completes afterwards."""
