@@ -31,6 +31,8 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
+import signal
 import socket
 import ssl
 import statistics
@@ -362,15 +364,28 @@ def idle(agent: Agent, seconds: float = IDLE_SECONDS) -> dict[str, Any]:
             "wakeups_per_s": round((runs1 - runs0) / wall, 2)}
 
 
+MEMPROBE = REPO / "bench" / "memprobe"
+
+
 def traced(code: Path, n: int) -> dict[str, Any] | None:
-    """Python's objects by file at n stateless (PYTHONTRACEMALLOC=1)."""
+    """Python's objects by file at n stateless (PYTHONTRACEMALLOC=1): from the agent's
+    memory query, or, for code that has none, from bench/memprobe (SIGUSR1)."""
     world = World(n, False)
     work = Path(tempfile.mkdtemp(prefix="natgw-fp-"))
-    agent = Agent(world, code, work, env={"PYTHONTRACEMALLOC": "1"})
+    probe = work / "memprobe.json"
+    agent = Agent(world, code, work, env={"PYTHONTRACEMALLOC": "1", "NATGW_MEMPROBE": str(probe),
+                                          "PYTHONPATH": f"{code}{os.pathsep}{MEMPROBE}"})
     try:
         agent.wait_ready(600.0)
         time.sleep(SETTLE)
-        return agent.memory()
+        found = agent.memory()
+        if found is None:
+            agent.proc.send_signal(signal.SIGUSR1)
+            deadline = time.monotonic() + 120.0
+            while not probe.exists() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            found = json.loads(probe.read_text()) if probe.exists() else None
+        return found
     finally:
         agent.stop()
         world.close()
@@ -426,7 +441,7 @@ def run(sizes: tuple[int, ...], baseline: str | None, reaction_at: int = REACTIO
         with tempfile.TemporaryDirectory(prefix="natgw-baseline-") as d:
             commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", baseline], capture_output=True,
                                     text=True, check=True).stdout.strip()
-            result["versions"].append(version(unpack(baseline, Path(d)), f"before ({commit})", sizes, False,
+            result["versions"].append(version(unpack(baseline, Path(d)), f"before ({commit})", sizes, trace,
                                               reaction_at, counts))
     result["versions"].append(version(REPO, f"this tree ({head}{'+changes' if dirty else ''})", sizes, trace,
                                           reaction_at, counts))

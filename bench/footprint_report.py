@@ -94,17 +94,11 @@ def markdown(result: dict[str, Any], command: str) -> str:
                            f"{'met' if mm['rss_mb'] <= 100 else 'NOT met'}), peak {mm['peak_mb']:.0f} MB (target <= 200: "
                            f"{'met' if mm['peak_mb'] <= 200 else 'NOT met'})")
     out += ["", "Targets, " + this["label"] + ": " + "; ".join(targets) + "."]
-    traced = this.get("traced") or {}
-    py = traced.get("python")
-    if py:
-        rows = ", ".join(f"{f['file']} {f['kib'] / 1024:.1f} MB" for f in py["by_file"][:8])
-        malloc = traced.get("malloc") or {}
-        out += ["", f"Where it goes, {this['label']} at 10,000 stateless (PYTHONTRACEMALLOC=1, which itself costs "
-                f"memory): Python objects {py['traced_kib'] / 1024:.1f} MB, by allocating file: {rows}; glibc's heap "
-                f"{malloc.get('in_use_kib', 0) / 1024:.1f} MB in use, {malloc.get('free_kib', 0) / 1024:.1f} MB free but kept."]
+    for v in versions:
+        out += _where_it_goes(v)
     if len(versions) > 1 and not versions[0].get("traced"):
-        out += ["", f"{versions[0]['label']} has no memory query on its status socket: its breakdown is not measured "
-                "here. What changed between the two is in README.md, \"Speed\"."]
+        out += ["", f"{versions[0]['label']}: its breakdown was not measured in this run. What changed between the "
+                "two is in README.md, \"Speed\"."]
     out += ["", "### Reaction at 10,000 identities (stateless)", "",
             "| | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
 
@@ -148,3 +142,17 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def _where_it_goes(version: dict[str, Any]) -> list[str]:
+    """Python's objects by allocating file, and glibc's heap, of one version at 10,000 stateless."""
+    traced = version.get("traced") or {}
+    py = traced.get("python")
+    if not py:
+        return []
+    rows = ", ".join(f"{f['file']} {f['kib'] / 1024:.1f} MB" for f in py["by_file"][:8])
+    malloc = traced.get("malloc") or {}
+    return ["", f"Where it goes, {version['label']} at 10,000 stateless (PYTHONTRACEMALLOC=1, which itself costs "
+            f"memory): resident {traced.get('rss_kib', 0) / 1024:.0f} MB; Python objects {py['traced_kib'] / 1024:.1f} MB, "
+            f"by allocating file: {rows}; glibc's heap {malloc.get('in_use_kib', 0) / 1024:.1f} MB in use, "
+            f"{malloc.get('free_kib', 0) / 1024:.1f} MB free but kept."]

@@ -353,3 +353,29 @@ def test_footprint_section_is_written_into_the_report(footprint: dict[str, Any],
     text = md.read_text()
     assert text.count(footprint_report.HEADING) == 1 and "## Busy neighbour\n\nkept" in text
     assert f"| {FOOTPRINT_N:,} | stateless |" in text and f"| {FOOTPRINT_N:,} | ClientIP |" in text
+
+
+def test_the_memory_probe_answers_for_code_without_a_memory_query(tmp_path: Path) -> None:
+    """bench/memprobe: a process with it on PYTHONPATH writes where its memory is on SIGUSR1
+    (what footprint's traced run does for an agent before issue 13)."""
+    import signal
+    import time
+
+    from bench.footprint import MEMPROBE
+
+    out = tmp_path / "probe.json"
+    env = {**os.environ, "PYTHONPATH": str(MEMPROBE), "NATGW_MEMPROBE": str(out), "PYTHONTRACEMALLOC": "1"}
+    code = "import time\nheld = [bytes(1000) for _ in range(20000)]\nprint('up', flush=True)\ntime.sleep(60)\n"
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
+        proc.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 30
+        while not out.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        report = json.loads(out.read_text())
+    finally:
+        proc.kill()
+        proc.wait()
+    assert report["rss_kib"] > 0 and report["python"]["traced_kib"] >= 20000 * 1000 // 1024
+    assert report["python"]["by_file"][0]["file"] == "<string>"  # the list above, allocated by the -c code
