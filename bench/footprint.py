@@ -379,7 +379,7 @@ def traced(code: Path, n: int) -> dict[str, Any] | None:
         agent.wait_ready(600.0)
         time.sleep(SETTLE)
         found = agent.memory()
-        if found is None:
+        if found is None or found.get("ok") is False:  # an older agent: no such query
             agent.proc.send_signal(signal.SIGUSR1)
             deadline = time.monotonic() + 120.0
             while not probe.exists() and time.monotonic() < deadline:

@@ -128,6 +128,20 @@ def markdown(result: dict[str, Any], command: str) -> str:
     return "\n".join(out)
 
 
+def _where_it_goes(version: dict[str, Any]) -> list[str]:
+    """Python's objects by allocating file, and glibc's heap, of one version at 10,000 stateless."""
+    traced = version.get("traced") or {}
+    py = traced.get("python")
+    if not py:
+        return []
+    rows = ", ".join(f"{f['file']} {f['kib'] / 1024:.1f} MB" for f in py["by_file"][:8])
+    malloc = traced.get("malloc") or {}
+    return ["", f"Where it goes, {version['label']} at 10,000 stateless (PYTHONTRACEMALLOC=1, which itself costs "
+            f"memory): resident {traced.get('rss_kib', 0) / 1024:.0f} MB; Python objects {py['traced_kib'] / 1024:.1f} MB, "
+            f"by allocating file: {rows}; glibc's heap {malloc.get('in_use_kib', 0) / 1024:.1f} MB in use, "
+            f"{malloc.get('free_kib', 0) / 1024:.1f} MB free but kept."]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("result", type=Path)
@@ -143,16 +157,3 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     raise SystemExit(main())
 
-
-def _where_it_goes(version: dict[str, Any]) -> list[str]:
-    """Python's objects by allocating file, and glibc's heap, of one version at 10,000 stateless."""
-    traced = version.get("traced") or {}
-    py = traced.get("python")
-    if not py:
-        return []
-    rows = ", ".join(f"{f['file']} {f['kib'] / 1024:.1f} MB" for f in py["by_file"][:8])
-    malloc = traced.get("malloc") or {}
-    return ["", f"Where it goes, {version['label']} at 10,000 stateless (PYTHONTRACEMALLOC=1, which itself costs "
-            f"memory): resident {traced.get('rss_kib', 0) / 1024:.0f} MB; Python objects {py['traced_kib'] / 1024:.1f} MB, "
-            f"by allocating file: {rows}; glibc's heap {malloc.get('in_use_kib', 0) / 1024:.1f} MB in use, "
-            f"{malloc.get('free_kib', 0) / 1024:.1f} MB free but kept."]
