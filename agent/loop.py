@@ -196,7 +196,7 @@ class Loop:
             self.metrics.last_queued.set(self.queued_at)
         if self.pending and self.source.ready and now >= self.retry_at:
             self._sync(now)
-        if not self.pending and (self.drift_due or self.reconciler.view.missed() or kernel_news(self.reconciler)):
+        if not self.pending and (self.drift_due or kernel_news(self.reconciler)):
             self.drift_due = False
             try:
                 if self.reconciler.check_drift():
@@ -272,8 +272,12 @@ class Loop:
 
 
 def kernel_news(reconciler: Reconciler) -> bool:
-    """A view that offers no descriptor to sleep on (the fake's) is asked every turn."""
-    return getattr(reconciler.view, "fileno", None) is None
+    """Whether to look for drift with no notification read: a view that offers no
+    descriptor to sleep on (the fake's) is asked every turn; one that lost notifications
+    (an overrun, or others' commits while it was deaf) at once, as nothing may come to
+    wake the loop for them."""
+    view = reconciler.view
+    return getattr(view, "fileno", None) is None or view.missed()
 
 
 def _record(metrics: Metrics, reconciler: Reconciler, result: SyncResult, took: float, waited: float) -> None:

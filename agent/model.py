@@ -315,13 +315,14 @@ def _gateways(obj: Any) -> frozenset[str]:
 
 def eip_reference(obj: Any) -> str | None:
     """The EIP name a rule points at (any gateway), for re-evaluation when the EIP changes."""
-    ref = _rule_fields(obj)[0]
+    ref = _rule_fields(obj)[_EIP_AT]
     return ref if isinstance(ref, str) else None
 
 
 _RULE_SPEC = _SPEC[RULE_KIND]
 _RULE_SPAN = slice(4, 4 + len(_RULE_SPEC))  # a rule Manifest's spec values
 _NO_SPEC = (MISSING,) * len(_RULE_SPEC)
+_EIP_AT, _TYPE_AT = _AT[RULE_KIND]["eip"], _AT[RULE_KIND]["type"]
 
 
 def _rule_fields(obj: Any) -> tuple[Any, ...]:
@@ -366,8 +367,8 @@ def rule_of(name: str, copies: list[dict[str, Any]], eips: dict[str, Eip], gatew
 
 def _owner(fields: tuple[Any, ...], eips: dict[str, Eip], gateway: str) -> Eip | None:
     """The EIP through which a rule (its spec values) is a share rule of this gateway, if it is."""
-    ref, kind = fields[0], fields[5]
-    if kind != "share" or type(ref) is not str:
+    ref = fields[_EIP_AT]
+    if fields[_TYPE_AT] != "share" or type(ref) is not str:
         return None
     eip = eips.get(ref)
     return eip if eip is not None and gateway in eip.gateways else None
@@ -395,7 +396,7 @@ def _parse_rule(name: str, fields: tuple[Any, ...], eip: Eip, identities: dict[I
     if eip.error is not None:
         raise RuleError(RULE_KIND, name, "spec.eip", f"IptablesEIP {eip.name!r}: {eip.error.field}: {eip.error.reason}")
     assert eip.address is not None
-    _, external, proto, internal_ip, internal, _, affinity, timeout = fields
+    _, external, proto, internal_ip, internal, _, affinity, timeout = fields  # in _SPEC[RULE_KIND] order
     protocol = _PROTOCOLS.get(proto.lower()) if type(proto) is str else None
     if protocol is None:
         raise RuleError(RULE_KIND, name, "spec.protocol", f"{_given(proto)!r} is not tcp or udp")
