@@ -15,28 +15,28 @@ import structlog
 
 from agent import log as logsetup
 from agent.errors import ApplyError
-from agent.health import Health, serve
-from agent.kernel import KernelView
-from agent.loop import Source, StopEvent, run_loop
-from agent.metrics import Metrics
-from agent.nft import IDENTIFIER, Nft
-from agent.plan import document, one_transaction, plan
-from agent.reconcile import connected
-from agent.render import hairpin_of, render
-from agent.report import Reporter, evaluate
-from agent.ruleset import EMPTY
-from agent.nfnetlink import NetlinkError
-from agent.nfttext import to_text
+from agent.ops.health import Health, serve
+from agent.kernel.view import KernelView
+from agent.run.loop import Source, StopEvent, run_loop
+from agent.ops.metrics import Metrics
+from agent.kernel.nft import IDENTIFIER, Nft
+from agent.core.plan import document, one_transaction, plan
+from agent.run.reconcile import connected
+from agent.core.render import hairpin_of, render
+from agent.ops.report import Reporter, evaluate
+from agent.core.ruleset import EMPTY
+from agent.kernel.nfnetlink import NetlinkError
+from agent.kernel.nfttext import to_text
 from agent.settings import Settings
-from agent.show import format_show, inspect
-from agent.status import StatusServer, query
-from agent.supervise import supervise
-from agent import webhook
-from agent.caps import Capabilities
-from agent.crdcheck import CrdCheck, reader as crd_reader
-from agent.privateprobe import from_status, probe_private
-from agent.httpserve import host_port
-from agent.inject import GATEWAY_ANNOTATION, Options as InjectOptions
+from agent.ops.show import format_show, inspect
+from agent.ops.status import StatusServer, query
+from agent.deploy.supervise import supervise
+from agent.deploy import webhook
+from agent.kernel.caps import Capabilities
+from agent.run.crdcheck import CrdCheck, reader as crd_reader
+from agent.kernel.privateprobe import from_status, probe_private
+from agent.ops.httpserve import host_port
+from agent.deploy.inject import GATEWAY_ANNOTATION, Options as InjectOptions
 
 
 def _table_name(value: str) -> str:
@@ -191,11 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     api = None if settings.from_dir is not None else _api_client(settings)
     source: Source
     if api is None:
-        from agent.dirsource import DirectorySource  # and PyYAML with it: 1 MB the Kubernetes path does without
+        from agent.sources.directory import DirectorySource  # and PyYAML with it: 1 MB the Kubernetes path does without
 
         source = DirectorySource(settings.from_dir, settings.poll_interval)
     else:
-        from agent.kubesource import KubeSource  # the kubernetes client only where it is used: ~16 MB
+        from agent.sources.kube import KubeSource  # the kubernetes client only where it is used: ~16 MB
 
         source = KubeSource(api, settings.watch)
     if args.command in ("render", "diff"):
@@ -260,13 +260,13 @@ def _inject(args: argparse.Namespace) -> int:
 
 
 def _api_client(settings: Settings) -> Any:
-    from agent.kubeapi import api_client  # the kubernetes client only where it is used: ~10 MB
+    from agent.sources.kubeapi import api_client  # the kubernetes client only where it is used: ~10 MB
 
     return api_client(settings.kubeconfig, settings.token_dir)
 
 
 def _check_crd(api: Any, health: Health, events: Any, settings: Settings) -> CrdCheck:
-    """Keep the IptablesDnatRule CRD checked from a thread of its own (agent/crdcheck.py):
+    """Keep the IptablesDnatRule CRD checked from a thread of its own (agent/run/crdcheck.py):
     not ready, loudly, when its schema lacks what the agent needs or until one read
     succeeds."""
     return CrdCheck(crd_reader(api), health, events, settings.gateway).start()
@@ -274,7 +274,7 @@ def _check_crd(api: Any, health: Health, events: Any, settings: Settings) -> Crd
 
 def _diff_capabilities(state_dir: Path, table: str) -> Capabilities:
     """What a sync would use: the running agent's probed capabilities, else a probe of its
-    own in a private namespace (agent/privateprobe.py); RuntimeError if neither."""
+    own in a private namespace (agent/kernel/privateprobe.py); RuntimeError if neither."""
     found = from_status(_agent_status(state_dir / "agent.sock"))
     if found is not None:
         return found
@@ -334,7 +334,7 @@ def _run(settings: Settings, source: Source, api: Any) -> int:
              source=str(settings.from_dir) if settings.from_dir else "kubernetes")
     events = None
     if api is not None:
-        from agent.events import EventRecorder
+        from agent.sources.events import EventRecorder
 
         events = EventRecorder(api, settings.event_namespace, host=settings.gateway)
     health = Health(settings.healthz_stale_after, settings.livez_wedged_after)

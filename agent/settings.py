@@ -46,7 +46,7 @@ class Settings:
 
     token_dir: Path | None = None
     """Where the in-cluster token and ca.crt are, if not at the automount path (the
-    injector mounts them at a path of the agent's own: agent/inject.py)."""
+    injector mounts them at a path of the agent's own: agent/deploy/inject.py)."""
 
     event_namespace: str = "default"
     """Namespace of the Events the agent records (its objects are cluster-scoped)."""
@@ -80,7 +80,7 @@ class Settings:
 
     coalesce_window: float = 0.005
     """Changes arriving together go in one transaction: after a change, the loop waits
-    while more keep coming (until 1 ms of quiet, 2.5 ms within a burst: agent/loop.py),
+    while more keep coming (until 1 ms of quiet, 2.5 ms within a burst: agent/run/loop.py),
     at most this long."""
 
     idle_wakeup: float = 300.0
@@ -122,7 +122,7 @@ class Settings:
     programs, in the agent's own transaction (migration from nat-gateway.sh)."""
 
     conntrack: bool = True
-    """Reconcile conntrack by state after each change (agent/flows.py): entries of removed
+    """Reconcile conntrack by state after each change (agent/core/flows.py): entries of removed
     identities go, and UDP entries not NATed to a current backend of their identity."""
 
     cleanup_slice: int = 2000

@@ -20,10 +20,10 @@ from typing import Any, Callable
 
 import structlog
 
-from agent.dirsource import DirectorySource
-from agent.kernel import KernelView
-from agent.nft import Nft
-from agent.reconcile import Reconciler, connected
+from agent.sources.directory import DirectorySource
+from agent.kernel.view import KernelView
+from agent.kernel.nft import Nft
+from agent.run.reconcile import Reconciler, connected
 from agent.settings import Settings
 from bench import identities as ids_mod
 

@@ -9,7 +9,7 @@ identity with pinned clients, while another table in that namespace commits ever
             core: without the neighbour, then beside it
   repairs   a flushed chain, a deleted map element, a deleted set (each one `nft -f -`
             transaction): from `nft` returning to the agent's table, read back over
-            netlink (agent.nftread.read_table) by a probe process in the namespace,
+            netlink (agent.kernel.nftread.read_table) by a probe process in the namespace,
             equalling what it was before; several repetitions each
   show/diff `python -m agent.cli show`, `show --json`, `diff --gateway gw1 --from-dir`:
             wall time, run from the probe
@@ -37,14 +37,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any, Callable
 
-from agent.layout import (
+from agent.core.layout import (
     affinity_set,
     backend_map,
     pattern_chain,
     slot_chain,
     sticky_chain,
 )
-from agent.status import query
+from agent.ops.status import query
 from bench import identities as ids_mod
 from bench import netns
 from bench.netns import PYTHON, REPO, Netns, child_env

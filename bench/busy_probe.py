@@ -4,7 +4,7 @@ process and none of it counts as the agent's CPU.
 
 One JSON request per line on stdin, one JSON answer per line on stdout:
 
-  {"op": "snapshot"}                   read the agent's table (agent.nftread.read_table) and
+  {"op": "snapshot"}                   read the agent's table (agent.kernel.nftread.read_table) and
                                        keep it as "before"; identities, pinned clients
   {"op": "damage", "script": S, "watch": [[map, eip, proto, port]...], "timeout": T}
                                        `nft -f -` with S (one transaction), then poll every
@@ -20,7 +20,7 @@ One JSON request per line on stdin, one JSON answer per line on stdout:
   {"op": "quit"}
 
 The table is compared as the agent manages it (declarations, chains, rules, map
-elements: agent.ruleset.Ruleset); affinity entries and counters are the kernel's to fill
+elements: agent.core.ruleset.Ruleset); affinity entries and counters are the kernel's to fill
 and are compared only where asked (pinned clients)."""
 from __future__ import annotations
 
@@ -35,11 +35,11 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from agent import nfnetlink as nl
-from agent import nftread as nr
-from agent.kernel import KernelView
-from agent.nfnetlink import NetlinkError, NfSocket
-from agent.ruleset import Elem, Ruleset, element
+from agent.kernel import nfnetlink as nl
+from agent.kernel import nftread as nr
+from agent.kernel.view import KernelView
+from agent.kernel.nfnetlink import NetlinkError, NfSocket
+from agent.core.ruleset import Elem, Ruleset, element
 
 FAMILY, TABLE = "ip", "natgw"
 POLL_INTERVAL = 0.01  # between the end of one poll and the start of the next
@@ -60,7 +60,7 @@ class Probe:
     def _element(self, name: str, key: tuple[str, str, int]) -> Elem | None:
         """One element of a map keyed by identity (address . protocol . port), asked of
         the kernel by its key (NFT_MSG_GETSETELEM without a dump: what `nft get element`
-        does), decoded as agent.nftread decodes a dump; None if it is not there. A 10,000
+        does), decoded as agent.kernel.nftread decodes a dump; None if it is not there. A 10,000
         element map dumped and decoded whole takes ~0.2 s, this well under a ms."""
         fam = nr.FAMILIES[FAMILY]
         info = nr.decode_set(self.sock.request(nr.GETSET, fam, [nl.attr_str(nr.SET_TABLE, TABLE),

@@ -24,7 +24,7 @@ fresh lab (lab/topology.py: client, gateway, two backends):
             syncs (`seconds`, `waited`) and, where the code has it, `conntrack cleaned`
 
 Then, in one fresh namespace holding M conntrack entries toward the EIP (`conntrack -R`,
-NATed to a backend): decoding the dump with agent/ctnetlink.py's `Conntrack.flows` against
+NATed to a backend): decoding the dump with agent/kernel/ctnetlink.py's `Conntrack.flows` against
 pyroute2's `Conntrack().dump_entries()` and `NFCTSocket().dump()` with the same filtering
 done in Python (destination and protocol), R times each, interleaved: entries per second.
 

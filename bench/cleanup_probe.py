@@ -21,7 +21,7 @@ so that none of its work runs in the agent's process:
                                          unanswered; prints what it got
   python -m bench.cleanup_probe decode --eip E --reps R
                                          in a namespace holding conntrack entries toward E:
-                                         decode the dump with agent.ctnetlink and with
+                                         decode the dump with agent.kernel.ctnetlink and with
                                          pyroute2 (filtering in Python), R times each
 
 Flows gone: the namespace's own conntrack count (/proc/sys/net/netfilter/nf_conntrack_count,
@@ -181,8 +181,8 @@ def decode(eip: str, reps: int) -> dict[str, Any]:
     from pyroute2 import NFCTSocket
     from pyroute2.conntrack import Conntrack as PyConntrack
 
-    from agent.ctnetlink import Conntrack
-    from agent.flows import Query
+    from agent.kernel.ctnetlink import Conntrack
+    from agent.core.flows import Query
 
     def ctnetlink() -> int:
         with Conntrack() as ct:

@@ -46,7 +46,7 @@ from typing import IO, Any, NamedTuple
 
 from pyroute2.netns import create_socket
 
-from agent.status import query
+from agent.ops.status import query
 from bench import identities as ids_mod
 from bench.netns import PYTHON, REPO, child_env
 from bench.run import machine

@@ -448,7 +448,7 @@ def markdown(res: dict[str, Any]) -> str:
         *agent_table(res),
         "",
         "`sync(src.objects())` is the call the benchmark was asked to time: it evaluates every object. The run loop "
-        "(`agent.loop`) calls `sync(source, source.take_changes())`, which evaluates only the objects the "
+        "(`agent.run.loop`) calls `sync(source, source.take_changes())`, which evaluates only the objects the "
         "source saw change; the run loop's changes go that way, and its figure is the median of "
         f"{LOOP_CHANGES + 1} (identity N/2+1, then {LOOP_CHANGES} others, one at a time). Each change rewrites "
         f"one rules file, i.e. {RULES_PER_FILE_IDENTITIES * BACKENDS:,} rules (fewer at small sizes). "
@@ -640,7 +640,7 @@ def busy_markdown(runs: list[dict[str, Any]], rest_generated: str | None = None)
         f"{ticks / 10 / first['cpu_window_s']:.2g}% resolution). "
         "Repairs: each damage is one `nft -f -` transaction (the set: its two user chains flushed, then `aff_0` "
         "deleted); the time runs from `nft` returning until a probe process in the namespace, polling every ~10 ms "
-        "over netlink with `agent.nftread` (declarations, chains and rules through `read_table(elements=False)`, "
+        "over netlink with `agent.kernel.nftread` (declarations, chains and rules through `read_table(elements=False)`, "
         "~1-2 ms; the deleted element asked for by its key), finds the damaged part as before; a full `read_table` "
         "right after must equal the table before the damage (affinity entries and counters aside), and the agent "
         "must have logged the drift. Restart: SIGKILL, start again, until the status socket answers `ready`; 2 s "
@@ -671,7 +671,7 @@ def busy_markdown(runs: list[dict[str, Any]], rest_generated: str | None = None)
 
 CLEANUP_HEADING = "## Cleanup"
 DECODERS = {
-    "ctnetlink": "agent/ctnetlink.py: `Conntrack.flows(Query(eip, udp))`",
+    "ctnetlink": "agent/kernel/ctnetlink.py: `Conntrack.flows(Query(eip, udp))`",
     "pyroute2_entries": "pyroute2: `Conntrack().dump_entries()`, destination and protocol compared in Python",
     "pyroute2_messages": "pyroute2: `NFCTSocket().dump()`, destination and protocol read with `get_nested` in Python",
 }
@@ -748,7 +748,7 @@ def cleanup_table(res: dict[str, Any]) -> list[str]:
 def decode_table(res: dict[str, Any]) -> list[str]:
     d = res["decode"]
     base = d["decoders"]["ctnetlink"]["median_s"]
-    lines = ["| decoder | time (median) | entries/s | time / agent/ctnetlink.py's |", "|---|---:|---:|---:|"]
+    lines = ["| decoder | time (median) | entries/s | time / agent/kernel/ctnetlink.py's |", "|---|---:|---:|---:|"]
     for name, r in d["decoders"].items():
         lines.append(f"| {DECODERS.get(name, name)} | {fmt_s(r['median_s'])} | {r['entries_per_s']:,.0f} | "
                      f"{fmt_ratio(r['median_s'], base)} |")

@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from agent.layout import SERVICES
+from agent.core.layout import SERVICES
 from agent.settings import Settings
 from lab.topology import Lab, cleanup_stale
 

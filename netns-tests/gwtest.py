@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from agent.layout import SERVICES, affinity_set, backend_map, pattern_chain, slot_chain, sticky_chain
+from agent.core.layout import SERVICES, affinity_set, backend_map, pattern_chain, slot_chain, sticky_chain
 from agent.settings import Settings
 from lab.topology import Lab
 
@@ -215,7 +215,7 @@ def kernel_table(lab: Lab, entries: bool = False) -> dict[str, Any] | None:
     (a libnftables listing, `nft list ...` included, never returns while another table
     commits every 100 ms: REFERENCE section 7). `static`: everything but the affinity
     entries, canonical; `entries`: set -> sorted keys."""
-    code = ("import json, sys\nfrom agent.kernel import KernelView\n"
+    code = ("import json, sys\nfrom agent.kernel.view import KernelView\n"
             "v = KernelView('ip', sys.argv[1], subscribe=False)\nst = v.read_state()\nrs = st and st.ruleset()\n"
             "print(json.dumps(None if rs is None else {\n"
             " 'identities': len(rs.elements.get('services', {})),\n"
@@ -229,7 +229,7 @@ def kernel_table(lab: Lab, entries: bool = False) -> dict[str, Any] | None:
 
 def agent_status(agent: Agent, what: str = "status") -> dict[str, Any] | None:
     """What the running agent says on its status socket (None: nobody answers)."""
-    code = ("import json, sys\nfrom pathlib import Path\nfrom agent.status import query\n"
+    code = ("import json, sys\nfrom pathlib import Path\nfrom agent.ops.status import query\n"
             "try:\n print(json.dumps(query(Path(sys.argv[1]), sys.argv[2])))\nexcept OSError:\n print('null')\n")
     out = agent.lab.run_in(agent.lab.gw_ns, [sys.executable, "-c", code, str(agent.state_dir / "agent.sock"), what],
                            capture_output=True, text=True, cwd=ROOT, timeout=10, check=True).stdout

@@ -1,5 +1,5 @@
 """Conntrack reconciled by state against the real kernel: ctnetlink's dumps and deletes
-(agent/ctnetlink.py), a one-way UDP sender that began before its identity existed, and
+(agent/kernel/ctnetlink.py), a one-way UDP sender that began before its identity existed, and
 the flows of many removed identities."""
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def test_ctnetlink_dumps_by_destination_and_deletes_only_what_it_names(lab: Lab)
                                "--dport", str(dport), "-r", reply, "-q", "172.18.0.100", "--reply-port-src",
                                str(5353 if reply != EIP else dport), "--reply-port-dst", str(sport),
                                "--timeout", "100"], check=True)
-    code = ("import json\nfrom agent.ctnetlink import Conntrack\nfrom agent.flows import Query\n"
+    code = ("import json\nfrom agent.kernel.ctnetlink import Conntrack\nfrom agent.core.flows import Query\n"
             f"ct = Conntrack()\nport53 = list(ct.flows(Query('{EIP}', 17, 53)))\nfiltered = ct.filtered\n"
             f"everything = list(ct.flows(Query('{EIP}', 17)))\ntcp = list(ct.flows(Query('{EIP}', 6)))\n"
             "stale = [f for f in port53 if f.backend is None]\n"

@@ -1,4 +1,4 @@
-"""The agent's own netlink read-back (agent/nftread.py) against the real kernel: it equals
+"""The agent's own netlink read-back (agent/kernel/nftread.py) against the real kernel: it equals
 what the agent renders (and, on nft 1.0.6, what libnftables lists), at 10,000 identities x 4
 backends too, and it completes while another table commits every 100 ms (where a
 libnftables listing of such a table never returns, REFERENCE section 7). Each case runs

@@ -35,10 +35,10 @@ def web_objects() -> list[dict[str, Any]]:
 def rendered(objects: list[Any], previous: Any = None) -> Any:
     """The whole table the agent renders for these objects (gateway gw1, default settings);
     slots follow `previous` (a Ruleset)."""
-    from agent.desired import desired_services
-    from agent.model import build_inventory
-    from agent.render import render
-    from agent.ruleset import EMPTY
+    from agent.core.desired import desired_services
+    from agent.core.model import build_inventory
+    from agent.core.render import render
+    from agent.core.ruleset import EMPTY
     from agent.settings import Settings
 
     settings = Settings()

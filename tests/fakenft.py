@@ -337,7 +337,7 @@ class FakeNft:
                 raise Refused(ENOENT)
             del target.elems[key]
 
-    # -- the agent's text vocabulary (agent/nft.py text_declaration) ------------------
+    # -- the agent's text vocabulary (agent/kernel/nft.py text_declaration) ------------------
 
     _TEXT_TABLE = re.compile(r"add table (\w+) (\w+)")
     _TEXT_MAP = re.compile(r"add map (\w+) (\w+) (\w+) \{ type ([\w .]+) : ([\w .]+);( counter;)? \}")
@@ -520,7 +520,7 @@ def _run_chain(t: _Table, name: str, fields: dict[str, Any], pick: Callable[[int
 
 
 class FakeView:
-    """The fake's tables as the agent's kernel view (agent/kernel.py's KernelView): reads
+    """The fake's tables as the agent's kernel view (agent/kernel/view.py's KernelView): reads
     in the canonical forms, and change notifications of what others committed."""
 
     def __init__(self, fake: FakeNft, family: str, table: str, also: tuple[str, ...]) -> None:
@@ -556,15 +556,15 @@ class FakeView:
         return self.read_other(self.table)
 
     def read_other(self, table: str) -> Any:
-        from agent.ruleset import from_listing
+        from agent.core.ruleset import from_listing
 
         rc, doc, _ = self.fake.json_cmd({"nftables": [{"list": {"table": {"family": self.family, "name": table}}}]})
         self.fake.listings -= 1
         return from_listing(doc) if rc == 0 else None
 
     def damage(self) -> Any:
-        from agent.kernel import Damage
-        from agent.layout import affinity_slot
+        from agent.kernel.view import Damage
+        from agent.core.layout import affinity_slot
 
         events = [e for i, e in enumerate(self.fake.events) if i >= self._seen and not any(i in w for w in self._unheard)]
         self._seen, self._unheard = len(self.fake.events), []
@@ -586,8 +586,8 @@ class FakeView:
         return Damage(everything, frozenset(chains), frozenset(sets), frozenset(elements), frozenset(others))
 
     def reread(self, damage: Any, mirror: Any) -> Any:
-        from agent.kernel import reread
-        from agent.ruleset import Ruleset
+        from agent.kernel.view import reread
+        from agent.core.ruleset import Ruleset
 
         def head() -> Any:
             full = self.read_other(self.table)
@@ -610,7 +610,7 @@ class FakeView:
 
 
 def edges(fake: FakeNft, family: str = "ip", table: str = "natgw") -> tuple[Any, FakeView]:
-    """The agent's two edges on a fake: its writer (agent.nft.Nft) and its kernel view."""
-    from agent.nft import Nft
+    """The agent's two edges on a fake: its writer (agent.kernel.nft.Nft) and its kernel view."""
+    from agent.kernel.nft import Nft
 
     return Nft(family, table, fake), fake.view(family, table)

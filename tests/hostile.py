@@ -15,13 +15,13 @@ from typing import Any, Iterable
 
 from hypothesis import HealthCheck, strategies as st
 
-from agent.desired import DesiredState, ListCatalog, desired_services
+from agent.core.desired import DesiredState, ListCatalog, desired_services
 from agent.errors import RuleError
-from agent.layout import BACKEND_DATA
-from agent.model import EIP_KIND, RULE_KIND, Rule, build_inventory
-from agent.plan import document, plan
-from agent.render import render
-from agent.ruleset import EMPTY
+from agent.core.layout import BACKEND_DATA
+from agent.core.model import EIP_KIND, RULE_KIND, Rule, build_inventory
+from agent.core.plan import document, plan
+from agent.core.render import render
+from agent.core.ruleset import EMPTY
 from agent.settings import Settings
 from tests.builders import eip, rule
 

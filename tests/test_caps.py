@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.caps import PROBE_MAP, probe
-from agent.layout import BACKEND_DATA
+from agent.kernel.caps import PROBE_MAP, probe
+from agent.core.layout import BACKEND_DATA
 from tests.fakenft import FakeNft, edges
 
 

@@ -1,15 +1,15 @@
-"""The cleanup worker (agent/cleanup.py), run a round at a time: conntrack by state on a
+"""The cleanup worker (agent/run/cleanup.py), run a round at a time: conntrack by state on a
 fake flow table, and stale affinity entries through the reconciler on the fake nft edge,
 slot reuse included. The kernel's side is in netns-tests/test_flows_kernel.py."""
 from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
-from agent.caps import UNPROBED, Capabilities
-from agent.cleanup import Cleanup
-from agent.flows import Flow, Query
-from agent.model import Backend, Identity
-from agent.reconcile import Reconciler
+from agent.kernel.caps import UNPROBED, Capabilities
+from agent.run.cleanup import Cleanup
+from agent.core.flows import Flow, Query
+from agent.core.model import Backend, Identity
+from agent.run.reconcile import Reconciler
 from agent.settings import Settings
 from tests.builders import eip, rule
 from tests.fakenft import FakeNft, edges
@@ -120,7 +120,7 @@ def sticky_world(version: str = "1.0.6", caps: Any = UNPROBED) -> tuple[FakeNft,
 
 
 def slots(reconciler: Reconciler, port: int) -> dict[str, int]:
-    from agent.layout import slots_of
+    from agent.core.layout import slots_of
 
     assert reconciler.mirror is not None
     return {b.ip: s for b, s in slots_of(reconciler.mirror)[Identity("172.18.0.10", port, "tcp")].items()}

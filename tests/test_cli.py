@@ -12,9 +12,9 @@ def test_a_table_name_nft_text_cannot_carry_is_refused_at_start(table, capsys):
 
 
 def test_health_exits_0_or_1_from_the_status_socket(tmp_path, capsys):
-    from agent.caps import Capabilities
-    from agent.health import Health
-    from agent.status import StatusServer
+    from agent.kernel.caps import Capabilities
+    from agent.ops.health import Health
+    from agent.ops.status import StatusServer
 
     health = Health(60, 30)
     server = StatusServer(tmp_path / "agent.sock", health.answer(Capabilities()))
@@ -39,7 +39,7 @@ def test_a_missing_gateway_name_names_the_annotation_and_the_variable(monkeypatc
 
 
 def test_the_supervisor_does_not_restart_a_worker_that_refuses_its_arguments(monkeypatch, tmp_path):
-    from agent.supervise import supervise
+    from agent.deploy.supervise import supervise
 
     monkeypatch.delenv("GATEWAY_NAME", raising=False)
     assert supervise(["run", "--from-dir", str(tmp_path)]) == 2  # once, not in a loop
@@ -50,12 +50,12 @@ def test_diff_plans_with_the_running_agents_capabilities_as_its_syncs_do(version
                                                                          web_objects):
     import json
 
-    from agent.caps import probe
-    from agent.desired import ListCatalog
-    from agent.health import Health
-    from agent.reconcile import Reconciler
+    from agent.kernel.caps import probe
+    from agent.core.desired import ListCatalog
+    from agent.ops.health import Health
+    from agent.run.reconcile import Reconciler
     from agent.settings import Settings
-    from agent.status import StatusServer
+    from agent.ops.status import StatusServer
     from tests.fakenft import FakeNft, edges
 
     fake = FakeNft(version)

@@ -1,4 +1,4 @@
-"""agent/ctnetlink.py's codec on messages built the way the kernel builds them
+"""agent/kernel/ctnetlink.py's codec on messages built the way the kernel builds them
 (ctnetlink_fill_info's attribute layout); the kernel itself is in
 netns-tests/test_conntrack_kernel.py."""
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import socket
 import struct
 
-from agent import ctnetlink as ct
-from agent import nfnetlink as nl
-from agent.flows import Flow, Query
+from agent.kernel import ctnetlink as ct
+from agent.kernel import nfnetlink as nl
+from agent.core.flows import Flow, Query
 
 
 def _tuple(typ: int, src: str, dst: str, proto: int, sport: int, dport: int) -> bytes:

@@ -1,5 +1,5 @@
-from agent.desired import desired_services
-from agent.model import Backend, Identity, build_inventory
+from agent.core.desired import desired_services
+from agent.core.model import Backend, Identity, build_inventory
 from tests.builders import eip, rule
 
 
@@ -74,7 +74,7 @@ def test_an_eip_defined_twice_refuses_its_rules():
 
 
 def test_identity_limit_refuses_newcomers_until_room_frees_up():
-    from agent.desired import DesiredState
+    from agent.core.desired import DesiredState
     from tests.sources import Store
 
     store = Store()

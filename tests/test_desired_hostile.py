@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from hypothesis import example, given, note, settings as hsettings, strategies as st
 
-from agent.desired import DesiredState, ListCatalog
-from agent.model import RULE_KIND, Identity
+from agent.core.desired import DesiredState, ListCatalog
+from agent.core.model import RULE_KIND, Identity
 from tests.builders import eip, rule
 from tests.hostile import GW, HYPO, MAX_BACKENDS, check_errors, edits, pipeline, source_key
 
@@ -100,7 +100,7 @@ def test_update_after_each_hostile_edit_equals_rebuild(history: list[tuple[Any, 
 
 
 def _replay(history: list[tuple[Any, ...]], kept: str) -> None:
-    from agent.model import slim
+    from agent.core.model import slim
 
     store: dict[int, Any] = {}
     state = DesiredState(GW, MAX_BACKENDS)

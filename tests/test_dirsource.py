@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent.dirsource import DirectorySource
-from agent.model import as_dict, build_inventory, slim
+from agent.sources.directory import DirectorySource
+from agent.core.model import as_dict, build_inventory, slim
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -510,7 +510,7 @@ def test_a_removed_directory_falls_back_to_polling(tmp_path: Path) -> None:
 
 
 def test_without_inotify_it_polls(tmp_path: Path, monkeypatch: Any) -> None:
-    import agent.dirsource as dirsource
+    import agent.sources.directory as dirsource
 
     def refuse(_: str) -> None:
         raise OSError(38, "no inotify here")

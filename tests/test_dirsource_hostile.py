@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.dirsource import DirectorySource
-from agent.model import RULE_KIND, build_inventory, slim
+from agent.sources.directory import DirectorySource
+from agent.core.model import RULE_KIND, build_inventory, slim
 from tests.builders import eip, rule
 from tests.hostile import GW
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from agent.layout import identity_key
-from agent.model import Identity
-from agent.nft import Nft
-from agent.plan import plan
+from agent.core.layout import identity_key
+from agent.core.model import Identity
+from agent.kernel.nft import Nft
+from agent.core.plan import plan
 from tests.builders import rendered, web_objects
 from tests.fakenft import FakeNft
 from tests.fakenft_cases import CASES, OK, SETUP

@@ -1,8 +1,8 @@
-"""Which conntrack entries go (agent/flows.py): decided by state, per identity."""
+"""Which conntrack entries go (agent/core/flows.py): decided by state, per identity."""
 from __future__ import annotations
 
-from agent.flows import Flow, Query, queries, stale
-from agent.model import Backend, Identity
+from agent.core.flows import Flow, Query, queries, stale
+from agent.core.model import Backend, Identity
 
 TCP, UDP = 6, 17
 A, B = Backend("10.0.1.11", 8080), Backend("10.0.1.12", 8080)

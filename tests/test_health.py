@@ -1,7 +1,7 @@
 """Health: the endpoints' transitions."""
 from __future__ import annotations
 
-from agent.health import Health
+from agent.ops.health import Health
 
 
 def test_health_endpoints_transitions() -> None:

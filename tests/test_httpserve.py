@@ -10,7 +10,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from agent.httpserve import BoundedServer, respond
+from agent.ops.httpserve import BoundedServer, respond
 
 
 class Held(BaseHTTPRequestHandler):

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from kubernetes.client import ApiClient
 
-from agent.inject import CONTAINER, GATEWAY_ANNOTATION, TOKEN_DIR, Options, patch
+from agent.deploy.inject import CONTAINER, GATEWAY_ANNOTATION, TOKEN_DIR, Options, patch
 from tests.builders import ROOT
 
 FIXTURES = Path(__file__).parent / "fixtures" / "kube-ovn"

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from agent import nfnetlink as nl
-from agent import nftread
-from agent.kernel import NONE, Damage, _after, damage_of, reread
-from agent.ruleset import Elem, Ruleset
+from agent.kernel import nfnetlink as nl
+from agent.kernel import nftread
+from agent.kernel.view import NONE, Damage, _after, damage_of, reread
+from agent.core.ruleset import Elem, Ruleset
 from tests.builders import rendered, web_objects
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures" / "netlink").glob("nft-*.json"))

@@ -10,10 +10,10 @@ import pytest
 import yaml
 from kubernetes.client import ApiClient, Configuration
 
-from agent.events import EventRecorder
-from agent.kubesource import EIPS, RULES, KubeSource, WatchSettings
-from agent.model import Backend, Identity
-from agent.report import Reporter, evaluate
+from agent.sources.events import EventRecorder
+from agent.sources.kube import EIPS, RULES, KubeSource, WatchSettings
+from agent.core.model import Backend, Identity
+from agent.ops.report import Reporter, evaluate
 from agent.settings import Settings
 from tests.builders import ROOT, eip, rule
 from tests.kubefake import FakeKube, Request
@@ -224,9 +224,9 @@ def test_invalid_rule_gets_one_warning_event_per_change(world: FakeKube, source:
 # ---- the CRD check: a cluster that cannot work is refused loudly
 
 def crd_check(fake: FakeKube, health: Any, events: Any = None, **kwargs: Any) -> Any:
-    """The agent's CRD check (agent/crdcheck.py), reading through the client as `run` does."""
+    """The agent's CRD check (agent/run/crdcheck.py), reading through the client as `run` does."""
     from agent.backoff import Backoff
-    from agent.crdcheck import CrdCheck, reader
+    from agent.run.crdcheck import CrdCheck, reader
 
     return CrdCheck(reader(api_client(fake)), health, events, "gw1", **{"backoff": Backoff(0.05, 0.2, jitter=0), **kwargs})
 
@@ -238,7 +238,7 @@ def crd_check(fake: FakeKube, health: Any, events: Any = None, **kwargs: Any) ->
 ])
 def test_the_crd_schema_decides_readiness_and_is_said_in_events(fake: FakeKube, fields: list[str],
                                                                missing: list[str]) -> None:
-    from agent.health import Health
+    from agent.ops.health import Health
 
     fake.set_crd(crd_with(fields))
     health = Health(60, 30)
@@ -264,7 +264,7 @@ def test_the_crd_schema_decides_readiness_and_is_said_in_events(fake: FakeKube, 
 def test_an_unreadable_crd_keeps_the_agent_not_ready_until_one_read_succeeds(fake: FakeKube) -> None:
     import structlog
 
-    from agent.health import Health
+    from agent.ops.health import Health
 
     health = Health(60, 30)
     health.synced()
@@ -288,7 +288,7 @@ def test_an_unreadable_crd_keeps_the_agent_not_ready_until_one_read_succeeds(fak
 
 
 def test_the_check_runs_on_its_own_until_the_crd_answers_then_follows_an_upgrade(fake: FakeKube) -> None:
-    from agent.health import Health
+    from agent.ops.health import Health
 
     health = Health(60, 30)
     health.synced()

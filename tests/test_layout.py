@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.layout import (SERVICES, affinity_sets, backend_counters, goto_target, held_slots, identity_key,
+from agent.core.layout import (SERVICES, affinity_sets, backend_counters, goto_target, held_slots, identity_key,
                           parse_target, pattern_chain, pinned_clients, served, slots_of, sticky_slots)
-from agent.model import Backend, Identity
-from agent.ruleset import Ruleset, element, goto
+from agent.core.model import Backend, Identity
+from agent.core.ruleset import Ruleset, element, goto
 from tests.builders import rendered, rule
 
 
@@ -21,7 +21,7 @@ def test_pattern_chain_names():
 
 
 # --- reading a rendered table back ----------------------------------------------------------
-# Rulesets from agent/render.py (tests.builders.rendered on web_objects: 80/tcp stateless
+# Rulesets from agent/core/render.py (tests.builders.rendered on web_objects: 80/tcp stateless
 # over 3 backends, 443/tcp ClientIP 600 s over 2, 53/udp over 1).
 
 WEB = Identity("172.18.0.10", 80, "tcp")

@@ -1,9 +1,9 @@
-"""What a committed change leaves behind (agent/leftovers.py), on tables render.py makes."""
+"""What a committed change leaves behind (agent/core/leftovers.py), on tables render.py makes."""
 from __future__ import annotations
 
-from agent.leftovers import NOTHING, leftovers
-from agent.model import Identity
-from agent.ruleset import EMPTY
+from agent.core.leftovers import NOTHING, leftovers
+from agent.core.model import Identity
+from agent.core.ruleset import EMPTY
 from tests.builders import rendered, rule, web_objects
 
 APP = ("172.18.0.10", "tcp", 443)

@@ -1,4 +1,4 @@
-"""Taking over from the legacy script (agent/legacy.py): on legacy tables laid out as
+"""Taking over from the legacy script (agent/core/legacy.py): on legacy tables laid out as
 nat-gateway.sh lays them out (REFERENCE section 3), built here from the script's own
 naming (md5 of "eip:port:proto" and of "ip:port"), loaded into the fake, which refuses
 to delete a missing object or one still referenced, as the kernel does.
@@ -11,8 +11,8 @@ import hashlib
 import json
 from typing import Any, NamedTuple
 
-from agent.legacy import LEGACY_TABLE, takeover_commands
-from agent.ruleset import EMPTY, ElemKey, Ruleset, from_listing
+from agent.core.legacy import LEGACY_TABLE, takeover_commands
+from agent.core.ruleset import EMPTY, ElemKey, Ruleset, from_listing
 from tests.builders import ROOT
 from tests.fakenft import FakeNft
 
@@ -161,10 +161,10 @@ def test_nothing_without_a_legacy_table_or_a_served_identity_in_it() -> None:
 
 
 def test_legacy_objects_added_while_the_agent_did_not_listen_are_taken_over() -> None:
-    """The script re-adds a served identity while a large sync runs deaf (agent/kernel.py:
+    """The script re-adds a served identity while a large sync runs deaf (agent/kernel/view.py:
     nothing heard, only that someone committed): the drift check looks at the legacy
     table too, and asks for the full sync that takes it over again."""
-    from agent.reconcile import Reconciler
+    from agent.run.reconcile import Reconciler
     from agent.settings import Settings
     from tests.builders import eip, rule
     from tests.fakenft import edges

@@ -8,9 +8,9 @@ from typing import Any
 
 import structlog
 
-from agent.health import Health
-from agent.loop import run_loop
-from agent.reconcile import Reconciler
+from agent.ops.health import Health
+from agent.run.loop import run_loop
+from agent.run.reconcile import Reconciler
 from agent.settings import Settings
 from tests.builders import eip, rule
 from tests.fakenft import FakeNft, edges
@@ -95,7 +95,7 @@ IDLE = Settings(gateway="gw1", conntrack=False, idle_wakeup=30.0, resync_interva
 
 
 def started(source: Any, settings: Settings = IDLE) -> tuple[Any, threading.Thread, FakeNft]:
-    from agent.loop import Loop, StopEvent
+    from agent.run.loop import Loop, StopEvent
 
     backend = FakeNft()
     loop = Loop(settings, source, Reconciler(settings, *edges(backend)), StopEvent())
@@ -198,7 +198,7 @@ class NotifyingView:
 def test_a_notification_while_a_sync_waits_does_not_make_the_loop_spin() -> None:
     """A notification that arrives while a sync cannot run yet (the source not ready, a
     retry waiting out its backoff) is read at once; its drift check follows the sync."""
-    from agent.loop import Loop, StopEvent
+    from agent.run.loop import Loop, StopEvent
 
     source = world()
     source.ready = False  # type: ignore[misc]
@@ -226,10 +226,10 @@ def test_a_notification_while_a_sync_waits_does_not_make_the_loop_spin() -> None
 
 
 def test_what_others_did_while_the_view_was_deaf_is_repaired_though_nothing_wakes_the_loop() -> None:
-    """The first sync is large (deaf: agent/kernel.py); someone flushes one of the agent's
+    """The first sync is large (deaf: agent/kernel/view.py); someone flushes one of the agent's
     chains in that window. No notification comes for it, nor anything after: the loop
     still checks for drift, reads back and repairs."""
-    from agent.loop import Loop, StopEvent
+    from agent.run.loop import Loop, StopEvent
 
     source = world()
     backend = FakeNft()
@@ -259,9 +259,9 @@ def test_what_others_did_while_the_view_was_deaf_is_repaired_though_nothing_wake
 def test_a_change_is_synced_while_the_cleanup_of_an_earlier_one_is_still_running() -> None:
     """Cleanup never holds up a change: with the conntrack pass of a removal stuck, the
     next change is synced anyway, and the pass completes afterwards."""
-    from agent.cleanup import Cleanup
-    from agent.flows import Flow, Query
-    from agent.loop import Loop, StopEvent
+    from agent.run.cleanup import Cleanup
+    from agent.core.flows import Flow, Query
+    from agent.run.loop import Loop, StopEvent
     from tests.sources import WakingSource
 
     release, entered = threading.Event(), threading.Event()
@@ -307,7 +307,7 @@ def test_a_change_is_synced_while_the_cleanup_of_an_earlier_one_is_still_running
 def test_an_idle_loop_sleeps_past_the_wedge_limit_and_is_live_when_asked() -> None:
     """The loop has no heartbeat timer: idle for longer than livez_wedged_after, it is
     still live when a probe asks, because the probe wakes it and sees it turn."""
-    from agent.loop import Loop, StopEvent
+    from agent.run.loop import Loop, StopEvent
     from tests.sources import WakingSource
 
     settings = Settings(gateway="gw1", conntrack=False, idle_wakeup=300.0, livez_wedged_after=0.2)
@@ -350,7 +350,7 @@ class ScriptedWaker:
 
 
 def coalesced(answers: list[bool]) -> list[float]:
-    from agent.loop import Loop
+    from agent.run.loop import Loop
 
     scripted = ScriptedWaker(answers)
     loop = Loop.__new__(Loop)  # only what _coalesce uses
@@ -360,13 +360,13 @@ def coalesced(answers: list[bool]) -> list[float]:
 
 
 def test_a_lone_change_waits_only_a_short_quiet() -> None:
-    from agent.loop import LONE_QUIET
+    from agent.run.loop import LONE_QUIET
 
     assert coalesced([False]) == [LONE_QUIET]
 
 
 def test_within_a_burst_a_longer_quiet_ends_the_wait() -> None:
-    from agent.loop import BURST_QUIET, LONE_QUIET
+    from agent.run.loop import BURST_QUIET, LONE_QUIET
 
     # a second change came within the lone quiet: from then on, the burst's quiet
     assert coalesced([True, True, False]) == [LONE_QUIET, BURST_QUIET, BURST_QUIET]

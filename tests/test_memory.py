@@ -3,7 +3,7 @@ of later collections, and collect_cycles() still freeing cycles among them."""
 from __future__ import annotations
 
 from agent.memory import collect_cycles
-from agent.reconcile import Reconciler
+from agent.run.reconcile import Reconciler
 from agent.settings import Settings
 from tests.builders import eip, rule
 from tests.fakenft import FakeNft, edges

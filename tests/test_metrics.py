@@ -6,8 +6,8 @@ import socket
 import threading
 import time
 
-from agent.health import Health, serve
-from agent.metrics import Counters, Metrics
+from agent.ops.health import Health, serve
+from agent.ops.metrics import Counters, Metrics
 
 BACKEND = ("172.18.0.10:80/tcp", "10.0.1.11:8080")
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from agent.errors import RuleError
-from agent.model import Backend, Identity, Inventory, Rule, build_inventory
+from agent.core.model import Backend, Identity, Inventory, Rule, build_inventory
 
 GW = "gw1"
 EIP_ADDR = "172.18.0.10"

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from hypothesis import example, given, settings as hsettings, strategies as st
 
-from agent.model import EIP_KIND, RULE_KIND, Backend, Identity, Rule, build_inventory
+from agent.core.model import EIP_KIND, RULE_KIND, Backend, Identity, Rule, build_inventory
 from tests.builders import eip, rule
 from tests.hostile import (BAD_NAMES, EIP_FIELDS, GOOD_EIP_NAME, GOOD_RULE_NAME, GW, HYPO, MISSING, RULE_FIELDS,
                            RULE_NAMES, batches, damaged, eip_objects, hostile, pipeline, rule_objects, valid_name)
@@ -177,7 +177,7 @@ def test_same_eip_name_twice_refuses_its_rules_whichever_comes_first(swap: bool)
 @given(batches)
 def test_a_slim_object_is_judged_exactly_as_the_whole_one(objects: list[Any]) -> None:
     """What the sources keep (model.slim) gives the same rules and the same errors."""
-    from agent.model import slim
+    from agent.core.model import slim
 
     whole, kept = build_inventory(objects, GW), build_inventory([slim(o) for o in objects], GW)
     assert kept.rules == whole.rules

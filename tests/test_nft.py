@@ -4,9 +4,9 @@ from a closed vocabulary); and a refusal that says whether an earlier phase comm
 import pytest
 
 from agent.errors import ApplyError
-from agent.layout import BACKEND_DATA, IDENTITY_TYPE
-from agent.nft import Nft, text_declaration
-from agent.plan import needs_text, phased
+from agent.core.layout import BACKEND_DATA, IDENTITY_TYPE
+from agent.kernel.nft import Nft, text_declaration
+from agent.core.plan import needs_text, phased
 from tests.fakenft import ENOENT, FakeNft
 
 DECL = {"family": "ip", "table": "natgw", "name": "backend_3", "type": IDENTITY_TYPE, "map": BACKEND_DATA,

@@ -1,4 +1,4 @@
-"""The agent's own netlink read-back (agent/nfnetlink.py, agent/nftread.py) on recorded
+"""The agent's own netlink read-back (agent/kernel/nfnetlink.py, agent/kernel/nftread.py) on recorded
 kernel answers: no root, no kernel.
 
 tests/fixtures/netlink/nft-<version>.json holds what the kernel answered for tables that
@@ -19,13 +19,13 @@ from typing import Any
 
 import pytest
 
-from agent import nfnetlink as nl
-from agent import nftread
-from agent.desired import desired_services
-from agent.dirsource import DirectorySource
-from agent.model import build_inventory
-from agent.render import render
-from agent.ruleset import EMPTY, Elem, Ruleset, from_listing
+from agent.kernel import nfnetlink as nl
+from agent.kernel import nftread
+from agent.core.desired import desired_services
+from agent.sources.directory import DirectorySource
+from agent.core.model import build_inventory
+from agent.core.render import render
+from agent.core.ruleset import EMPTY, Elem, Ruleset, from_listing
 from agent.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent

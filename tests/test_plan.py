@@ -1,13 +1,13 @@
 """Planning: what a change costs, in which order, and in which phases."""
 import json
 
-from agent.desired import desired_services
-from agent.layout import sticky_slots
-from agent.model import Backend, Identity
-from agent.model import build_inventory
-from agent.plan import DECLARE, MAIN, PREPARE, document, plan, retire, stale_chains
-from agent.render import render
-from agent.ruleset import Ruleset
+from agent.core.desired import desired_services
+from agent.core.layout import sticky_slots
+from agent.core.model import Backend, Identity
+from agent.core.model import build_inventory
+from agent.core.plan import DECLARE, MAIN, PREPARE, document, plan, retire, stale_chains
+from agent.core.render import render
+from agent.core.ruleset import Ruleset
 from agent.settings import Settings
 from tests.builders import ROOT, rendered, rule
 from tests.fakenft import FakeNft, edges
@@ -136,7 +136,7 @@ def test_a_backend_map_redeclared_by_someone_else_is_repaired_in_the_table(web_o
 
 
 def test_where_json_declares_every_map_the_plan_is_one_transaction(web_objects):
-    """nft >= 1.1.0 (agent/caps.py probes it): the backend maps in JSON, as a list of data
+    """nft >= 1.1.0 (agent/kernel/caps.py probes it): the backend maps in JSON, as a list of data
     types, first after the table as the text declarations would be: one transaction."""
     todo = plan(None, rendered(web_objects), "ip", "natgw", text_maps=False)
     assert [p.kind for p in todo.phases] == [MAIN] and todo.phases[0].commands == todo.commands
@@ -149,7 +149,7 @@ def test_where_json_declares_every_map_the_plan_is_one_transaction(web_objects):
 
 
 def test_a_large_plan_that_only_adds_goes_in_parts_of_whole_identities():
-    from agent.plan import PART, chunked, element_count
+    from agent.core.plan import PART, chunked, element_count
     from tests.builders import eip
 
     objects = [eip("eip-web", "172.18.0.10")] + [rule(f"r{i}-{b}", 1000 + i, f"10.0.{b}.{i % 250 + 1}")

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
-from agent.desired import ListCatalog, desired_services
-from agent.model import build_inventory
-from agent.plan import plan
-from agent.reconcile import Reconciler
-from agent.render import render
+from agent.core.desired import ListCatalog, desired_services
+from agent.core.model import build_inventory
+from agent.core.plan import plan
+from agent.run.reconcile import Reconciler
+from agent.core.render import render
 from agent.settings import Settings
 from tests.builders import eip, rule
 from tests.fakenft import FakeNft, edges
@@ -278,7 +278,7 @@ objects_sets = st.lists(st.tuples(st.sampled_from([80, 443, 53]), st.sampled_fro
 @hsettings(max_examples=200, deadline=None)
 @given(objects_sets, objects_sets)
 def test_applying_a_plan_to_a_table_holding_a_leaves_it_holding_b(first: list[Any], second: list[Any]) -> None:
-    from agent.plan import retire, stale_chains
+    from agent.core.plan import retire, stale_chains
     from tests.builders import rendered
 
     def objects(spec: list[Any]) -> list[dict[str, Any]]:

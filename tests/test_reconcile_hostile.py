@@ -6,8 +6,8 @@ from typing import Any
 
 from hypothesis import given, settings as hsettings
 
-from agent.desired import ListCatalog
-from agent.reconcile import Reconciler
+from agent.core.desired import ListCatalog
+from agent.run.reconcile import Reconciler
 from tests.fakenft import FakeNft, edges
 from tests.hostile import HYPO, SETTINGS, check_commands, edits, source_key
 

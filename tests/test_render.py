@@ -1,9 +1,9 @@
 """Rendering: the golden table for examples/, slots that stay put, comments."""
-from agent.dirsource import DirectorySource
-from agent.layout import parse_target, slots_of
-from agent.model import Backend, Identity
-from agent.plan import document, plan
-from agent.render import assign_slots
+from agent.sources.directory import DirectorySource
+from agent.core.layout import parse_target, slots_of
+from agent.core.model import Backend, Identity
+from agent.core.plan import document, plan
+from agent.core.render import assign_slots
 from tests.builders import ROOT, rendered, rule, web_objects
 from tests.golden import check_golden
 
@@ -71,11 +71,11 @@ def test_rule_names_reach_comments_truncated(web_objects):
 
 
 def test_the_hairpin_snat_marks_vpc_side_packets_of_served_identities_only():
-    from agent.desired import desired_services
-    from agent.model import build_inventory
-    from agent.plan import plan
-    from agent.render import Hairpin, render
-    from agent.ruleset import EMPTY
+    from agent.core.desired import desired_services
+    from agent.core.model import build_inventory
+    from agent.core.plan import plan
+    from agent.core.render import Hairpin, render
+    from agent.core.ruleset import EMPTY
     from tests.fakenft import FakeNft
 
     services = desired_services(build_inventory(web_objects(), "gw1").rules, 256).services

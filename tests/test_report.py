@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from agent.errors import ApplyError
-from agent.report import Reporter
+from agent.ops.report import Reporter
 
 
 class _Sink:

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import time
 
-from agent.health import Health
+from agent.ops.health import Health
 
 
 def test_systemd_notify_ready_after_first_sync_and_watchdog(tmp_path) -> None:
     import socket
 
-    from agent.sdnotify import Notifier
+    from agent.ops.sdnotify import Notifier
 
     path = str(tmp_path / "notify")
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
@@ -32,7 +32,7 @@ def test_systemd_notify_ready_after_first_sync_and_watchdog(tmp_path) -> None:
 
 
 def test_the_watchdog_says_when_it_is_due() -> None:
-    from agent.sdnotify import Notifier
+    from agent.ops.sdnotify import Notifier
 
     assert Notifier({}).due() is None  # no watchdog: no timer for it
     notifier = Notifier({"WATCHDOG_USEC": "30000000"})

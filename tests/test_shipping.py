@@ -30,7 +30,7 @@ def test_the_injector_manifests_hang_together() -> None:
     docs = {(d["kind"], d["metadata"]["name"]): d
             for d in yaml.safe_load_all((ROOT / "images" / "kubernetes" / "injector.yaml").read_text())}
     (hook,) = docs[("MutatingWebhookConfiguration", "natgw-injector")]["webhooks"]
-    from agent.inject import GATEWAY_LABEL, SERVICE_ACCOUNT
+    from agent.deploy.inject import GATEWAY_LABEL, SERVICE_ACCOUNT
 
     assert hook["objectSelector"] == {"matchLabels": {GATEWAY_LABEL: "true"}}  # every gateway pod, both forms
     assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None"  # never keeps a gateway down

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.caps import Capabilities
+from agent.kernel.caps import Capabilities
 from agent.cli import _agent_status
-from agent.crd import CRD_NAME
-from agent.crdcheck import CrdCheck
-from agent.health import Health
-from agent.show import format_show
-from agent.status import StatusServer
+from agent.sources.crd import CRD_NAME
+from agent.run.crdcheck import CrdCheck
+from agent.ops.health import Health
+from agent.ops.show import format_show
+from agent.ops.status import StatusServer
 
 
 class Unreachable(Exception):

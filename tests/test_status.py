@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.caps import Capabilities
-from agent.health import Health
-from agent.status import StatusServer, query
+from agent.kernel.caps import Capabilities
+from agent.ops.health import Health
+from agent.ops.status import StatusServer, query
 
 
 def test_ready_live_and_status_are_answered(tmp_path: Path) -> None:

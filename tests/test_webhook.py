@@ -13,8 +13,8 @@ import jsonpatch
 import pytest
 import yaml
 
-from agent.inject import CONTAINER, Options
-from agent.webhook import review, serve
+from agent.deploy.inject import CONTAINER, Options
+from agent.deploy.webhook import review, serve
 
 FIXTURES = Path(__file__).parent / "fixtures" / "kube-ovn"
 OPTIONS = Options(image="registry.example/natgw-agent:1.0")

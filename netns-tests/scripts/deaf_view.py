@@ -6,9 +6,9 @@ import json
 import subprocess
 from typing import Any
 
-from agent.kernel import NONE, KernelView
-from agent.nft import Nft
-from agent.plan import one_transaction
+from agent.kernel.view import NONE, KernelView
+from agent.kernel.nft import Nft
+from agent.core.plan import one_transaction
 
 REF = {"family": "ip", "table": "natgw"}
 

@@ -29,14 +29,14 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from agent import log  # noqa: E402
-from agent import nfnetlink as nl  # noqa: E402
-from agent import nftread  # noqa: E402
-from agent.desired import desired_services  # noqa: E402
-from agent.dirsource import DirectorySource  # noqa: E402
-from agent.model import build_inventory  # noqa: E402
-from agent.reconcile import connected  # noqa: E402
-from agent.render import render  # noqa: E402
-from agent.ruleset import EMPTY, Ruleset, from_listing  # noqa: E402
+from agent.kernel import nfnetlink as nl  # noqa: E402
+from agent.kernel import nftread  # noqa: E402
+from agent.core.desired import desired_services  # noqa: E402
+from agent.sources.directory import DirectorySource  # noqa: E402
+from agent.core.model import build_inventory  # noqa: E402
+from agent.run.reconcile import connected  # noqa: E402
+from agent.core.render import render  # noqa: E402
+from agent.core.ruleset import EMPTY, Ruleset, from_listing  # noqa: E402
 from agent.settings import Settings  # noqa: E402
 from bench import identities as ids  # noqa: E402
 

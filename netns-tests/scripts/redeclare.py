@@ -13,14 +13,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from agent.dirsource import DirectorySource  # noqa: E402
-from agent.caps import probe  # noqa: E402
-from agent.kernel import KernelView  # noqa: E402
-from agent.nft import Nft  # noqa: E402
-from agent.plan import plan  # noqa: E402
-from agent.reconcile import Reconciler  # noqa: E402
-from agent.layout import key_identity, slots_of  # noqa: E402
-from agent.plan import one_transaction  # noqa: E402
+from agent.sources.directory import DirectorySource  # noqa: E402
+from agent.kernel.caps import probe  # noqa: E402
+from agent.kernel.view import KernelView  # noqa: E402
+from agent.kernel.nft import Nft  # noqa: E402
+from agent.core.plan import plan  # noqa: E402
+from agent.run.reconcile import Reconciler  # noqa: E402
+from agent.core.layout import key_identity, slots_of  # noqa: E402
+from agent.core.plan import one_transaction  # noqa: E402
 from agent.settings import Settings  # noqa: E402
 
 

@@ -1,0 +1,223 @@
+"""The table's layout: the names of its objects, and reading them back. Pure: no I/O.
+
+Why this shape (REFERENCE section 5: the kernel finds sets by walking a per-table list,
+so thousands of named or anonymous sets cost quadratic time; chains and map elements are
+cheap): everything per identity is a map element; chains and sets are shared.
+
+    prerouting      ip daddr . meta l4proto . th dport vmap @services
+    map services    identity -> goto lb_<slots> | aff_t<T>_<slots>
+    lb_<slots>      numgen random mod N vmap { i : goto slot_<s_i> }
+    slot_<s>        dnat to <identity> map @backend_<s>
+    map backend_<s> identity -> backend address . port (with a per-backend counter)
+    postrouting     oifname <vpc> meta mark & M == M snat to ct original ip daddr   (hairpin only;
+                    slot_<s> then first marks packets from iifname <vpc> with M)
+
+Each backend of an identity holds one *slot* for its whole life, so its map elements and
+its clients' affinity entries stay put while other backends come and go. ClientIP:
+
+    aff_t<T>_<slots>  ip saddr . <identity> @aff_<s> goto sticky_<s>_t<T>   (one per slot)
+                      numgen random mod N vmap { i : goto sticky_<s_i>_t<T> }
+    sticky_<s>_t<T>   update @aff_<s> { ip saddr . <identity> timeout T }  (slides per connection)
+                      goto slot_<s>
+    set aff_<s>       client . identity, flags timeout: the clients pinned to slot s
+
+One `address . port` map per slot, not one map for each: elements are what a full sync
+pays for (libnftables spends ~10 us on each), and this nearly halves them (10,000
+identities x 4: 90,000 -> 50,000 elements, libnftables alone 631 -> 480 ms).
+
+A change to this layout touches this module and render.py only."""
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+from typing import Iterable, Iterator, Mapping
+
+from agent.core.model import Backend, Identity
+from agent.core.ruleset import Elem, ElemKey, Ruleset
+
+SERVICES = "services"
+BASE_CHAIN = "prerouting"
+HAIRPIN_CHAIN = "postrouting"  # only with the agent's own hairpin SNAT (settings.hairpin_snat)
+IDENTITY_TYPE = ["ipv4_addr", "inet_proto", "inet_service"]
+# The backend maps' data type exactly as nft 1.0.6 lists it: a string, which its JSON
+# parser does not take back (the planner has such maps declared in nft text).
+BACKEND_DATA = "ipv4_addr . inet_service"
+
+_PATTERN_RE = re.compile(r"^(?:lb|aff_t(?P<timeout>\d+))_(?:n\d+|s[\d.]+|h[0-9a-f]+)$")
+
+Slots = dict[Identity, dict[Backend, int]]
+Counters = dict[tuple[str, str], tuple[int, int]]  # (identity, backend) as text -> (packets, bytes)
+
+
+@functools.lru_cache(maxsize=1024)
+def backend_map(slot: int) -> str:
+    return f"backend_{slot}"
+
+
+def affinity_set(slot: int) -> str:
+    return f"aff_{slot}"
+
+
+def slot_chain(slot: int) -> str:
+    return f"slot_{slot}"
+
+
+def sticky_chain(slot: int, timeout: int) -> str:
+    return f"sticky_{slot}_t{timeout}"
+
+
+@functools.lru_cache(maxsize=4096)
+def pattern_chain(slots: tuple[int, ...], timeout: int | None) -> str:
+    """Chain shared by every identity whose backends hold exactly these slots."""
+    if slots == tuple(range(len(slots))):
+        tag = f"n{len(slots)}"
+    else:
+        tag = "s" + ".".join(map(str, slots))
+        if len(tag) > 200:  # chain names stop at 256 bytes
+            tag = "h" + hashlib.sha1(tag.encode()).hexdigest()[:16]
+    return f"lb_{tag}" if timeout is None else f"aff_t{timeout}_{tag}"
+
+
+def parse_target(chain: str) -> tuple[bool, int] | None:
+    """(affinity, timeout) from a services element's target chain, None if not ours."""
+    m = _PATTERN_RE.match(chain)
+    if m is None:
+        return None
+    return (m["timeout"] is not None, int(m["timeout"] or 0))
+
+
+def goto_target(elem: Elem) -> str:
+    """The chain a services element jumps to ("" if it is not a goto)."""
+    value = elem.value
+    return value.get("goto", {}).get("target", "") if isinstance(value, dict) else ""
+
+
+def identity_key(identity: Identity) -> ElemKey:
+    return (identity.eip, identity.proto, identity.port)
+
+
+def key_identity(key: ElemKey) -> Identity:
+    eip, proto, port = key
+    return Identity(eip, int(port), proto)
+
+
+def backend_slot(name: str) -> int | None:
+    """The slot of a backend map's name; None for any other object."""
+    return _numbered(name, "backend_")
+
+
+def affinity_slot(name: str) -> int | None:
+    """The slot of an affinity set's name; None for any other object."""
+    return _numbered(name, "aff_")
+
+
+def _numbered(name: str, prefix: str) -> int | None:
+    tail = name.removeprefix(prefix)
+    return int(tail) if tail != name and tail.isdigit() else None
+
+
+def backend_of(elem: Elem) -> Backend | None:
+    """The backend in a backend map element; None for anything else (a read-back of a
+    table someone altered), which the next plan then replaces."""
+    value = elem.value
+    if type(value) is Backend:
+        return value
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str) and isinstance(value[1], int):
+        return Backend(value[0], value[1])
+    return None
+
+
+def backend_value(backend: Backend) -> Backend:
+    """A backend map element: the backend itself, its data without a comment (ruleset.Elem)."""
+    return backend
+
+
+def slots_of(ruleset: Ruleset) -> Slots:
+    """Which slot each backend holds, read from a ruleset (rendered or read back)."""
+    slots: Slots = {}
+    for name, elements in ruleset.elements.items():
+        if (slot := backend_slot(name)) is None:
+            continue
+        for key, elem in elements.items():
+            if (backend := backend_of(elem)) is not None:
+                slots.setdefault(key_identity(key), {})[backend] = slot
+    for identity, held in _earlier_layout_slots(ruleset).items():
+        slots.setdefault(identity, held)
+    return slots
+
+
+def _earlier_layout_slots(ruleset: Ruleset) -> Slots:
+    """Slots as an earlier version held them (an addr_<s> and a port_<s> map per slot),
+    so that upgrading keeps every backend in its slot and so its clients' affinity."""
+    slots: Slots = {}
+    for name, addresses in ruleset.elements.items():
+        tail = name.removeprefix("addr_")
+        ports = ruleset.elements.get(f"port_{tail}") if tail != name and tail.isdigit() else None
+        for key, elem in addresses.items() if ports else ():
+            port = ports.get(key)
+            if isinstance(elem.value, str) and port is not None and isinstance(port.value, int):
+                slots.setdefault(key_identity(key), {})[Backend(elem.value, port.value)] = int(tail)
+    return slots
+
+
+def held_slots(elements: Mapping[str, Elem]) -> dict[Backend, int]:
+    """Which slot each backend of one identity holds, from its elements (map -> element)."""
+    return {b: s for name, elem in elements.items()
+            if (s := backend_slot(name)) is not None and (b := backend_of(elem)) is not None}
+
+
+def sticky_slots(ruleset: Ruleset) -> dict[Identity, dict[int, Backend]]:
+    """For each ClientIP identity, its slots and the backend in each."""
+    sticky = {
+        key_identity(key)
+        for key, elem in ruleset.elements.get(SERVICES, {}).items()
+        if (target := parse_target(goto_target(elem))) is not None and target[0]
+    }
+    return {
+        identity: {slot: backend for backend, slot in held.items()}
+        for identity, held in slots_of(ruleset).items()
+        if identity in sticky
+    }
+
+
+def served(ruleset: Ruleset) -> Iterator[tuple[Identity, Elem]]:
+    """Every identity of a ruleset with its services element, in identity order."""
+    for key, elem in sorted(ruleset.elements.get(SERVICES, {}).items(), key=lambda kv: key_identity(kv[0])):
+        yield key_identity(key), elem
+
+
+def backend_counters(elements: Mapping[str, Mapping[ElemKey, Elem]],
+                     counters: Mapping[str, Mapping[ElemKey, tuple[int, int]]]) -> Counters:
+    """{("eip:port/proto", "ip:port"): (packets, bytes)} from the backend maps' elements
+    and their per-element counters."""
+    result: Counters = {}
+    for name, by_key in counters.items():
+        if backend_slot(name) is None:
+            continue
+        held = elements.get(name, {})
+        for key, counter in by_key.items():
+            elem = held.get(key)
+            backend = backend_of(elem) if elem is not None else None
+            if backend is not None and len(key) == 3:
+                result[(str(key_identity(key)), str(backend))] = counter
+    return result
+
+
+def pinned_clients(entries: Mapping[str, Iterable[ElemKey]]) -> dict[tuple[Identity, int], int]:
+    """Live affinity entries per (identity, slot), from each affinity set's entry keys
+    (client . identity)."""
+    pinned: dict[tuple[Identity, int], int] = {}
+    for name, keys in entries.items():
+        if (slot := affinity_slot(name)) is None:
+            continue
+        for key in keys:
+            if len(key) == 4:
+                at = (key_identity(tuple(key[1:])), slot)
+                pinned[at] = pinned.get(at, 0) + 1
+    return pinned
+
+
+def affinity_sets(ruleset: Ruleset) -> list[str]:
+    """The affinity sets a ruleset declares."""
+    return sorted(n for n in ruleset.sets if affinity_slot(n) is not None)

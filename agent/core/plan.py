@@ -1,0 +1,286 @@
+"""Plan: the difference between what the kernel holds and the desired ruleset, as
+libnftables JSON commands, and the phases they are sent in (one atomic transaction each;
+one, unless maps must be declared in nft text first). Pure: no I/O.
+
+Order inside the transaction: declare what is new; rewrite changed chains; swap map
+elements; empty the chains and delete the sets nothing points to any more. Emptied chains
+are deleted by a later transaction (retire)."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Collection, Iterable, Sequence
+
+from agent.core.ruleset import EMPTY, ElemKey, Ruleset, concat_data, data_json, key_json
+
+Command = dict[str, Any]
+
+PREPARE = "prepare"  # deletes that must commit before a declaration in text: the data plane changes
+DECLARE = "declare"  # maps declared in nft text: empty and unreferenced until the main phase commits
+PART = "part"  # one of several transactions of a plan that only adds, each with whole identities
+MAIN = "main"
+
+
+@dataclass(frozen=True)
+class Phase:
+    kind: str  # PREPARE, DECLARE (the nft edge writes these commands as nft text) or MAIN
+    commands: tuple[Command, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A change: its commands in their logical order (what `render` and `diff` print) and
+    the phases the nft edge sends them in, one transaction each, in order."""
+
+    commands: tuple[Command, ...]
+    phases: tuple[Phase, ...]
+
+    def __bool__(self) -> bool:
+        return bool(self.commands)
+
+    def __len__(self) -> int:
+        return len(self.commands)
+
+    def then(self, commands: Sequence[Command]) -> Plan:
+        """This plan with more commands at the end of its main transaction."""
+        if not commands:
+            return self
+        phases = list(self.phases)
+        if phases and phases[-1].kind == MAIN:
+            phases[-1] = Phase(MAIN, (*phases[-1].commands, *commands))
+        else:
+            phases.append(Phase(MAIN, tuple(commands)))
+        return Plan((*self.commands, *commands), tuple(phases))
+
+
+def one_transaction(commands: Iterable[Command]) -> Plan:
+    commands = tuple(commands)
+    return Plan(commands, (Phase(MAIN, commands),) if commands else ())
+
+
+def plan(current: Ruleset | None, desired: Ruleset, family: str, table: str, text_maps: bool = True) -> Plan:
+    """The change that turns `current` (None: the table does not exist) into `desired`.
+
+    An unchanged ruleset yields no command at all. A changed declaration (a set's type or
+    size, the base chain's priority: an upgrade or a settings change) cannot be altered in
+    place: see _redeclare(). `text_maps`: this libnftables cannot declare maps with
+    concatenated data in JSON (nft 1.0.6; agent/kernel/caps.py finds out), so they go first, in
+    nft text; else everything is one JSON transaction.
+    """
+    commands = _commands(current, desired, family, table)
+    if text_maps:
+        return phased(commands, family, table)
+    # In the order the text path sends them (its phases, one after the other), so the
+    # kernel holds and lists the table alike however the maps were declared.
+    ordered = [c for phase in phased(commands, family, table).phases for c in phase.commands]
+    add_table = {"add": {"table": {"family": family, "name": table}}}
+    ordered = [c for i, c in enumerate(ordered) if c != add_table or add_table not in ordered[:i]]
+    return one_transaction([_json_form(c) if needs_text(c) else c for c in ordered])
+
+
+def chunked(todo: Plan, max_elements: int) -> Plan:
+    """A plan that only adds (a table programmed from empty, or many new identities) with
+    more than `max_elements` map elements, sent as several transactions: the first with
+    every declaration, chain and rule and the first identities' elements, each next one
+    with more identities' elements, never part of an identity's (its services element and
+    its backends go together, so an identity is served whole or not at all). Why: while it
+    works libnftables holds ~2.7 KB per element (135 MB for 50,000, measured), which a
+    gateway's memory should not pay at once. Any plan that deletes or flushes stays one
+    transaction."""
+    if not todo.phases or todo.phases[-1].kind != MAIN:
+        return todo
+    main = todo.phases[-1].commands
+    if any(verb != "add" for c in main for verb in c) or element_count(main) <= max_elements:
+        return todo
+    head = [c for c in main if "element" not in c.get("add", {})]
+    by_key: dict[Any, list[tuple[int, Any]]] = {}  # identity key -> (command index, entry)
+    for i, c in enumerate(main):
+        for entry in c.get("add", {}).get("element", {}).get("elem", ()):
+            by_key.setdefault(_key_id(_key_of(entry)), []).append((i, entry))
+    parts: list[list[tuple[int, Any]]] = [[]]
+    for entries in by_key.values():
+        if parts[-1] and len(parts[-1]) + len(entries) > max_elements:
+            parts.append([])
+        parts[-1].extend(entries)
+    phases = list(todo.phases[:-1])
+    for n, part in enumerate(parts):
+        grouped: dict[int, list[Any]] = {}
+        for i, entry in part:
+            grouped.setdefault(i, []).append(entry)
+        commands = [{"add": {"element": {**main[i]["add"]["element"], "elem": grouped[i]}}} for i in sorted(grouped)]
+        phases.append(Phase(PART if n < len(parts) - 1 else MAIN, tuple([*head, *commands] if n == 0 else commands)))
+    return Plan(todo.commands, tuple(phases))
+
+
+def element_count(commands: Sequence[Command]) -> int:
+    """Map and set elements the commands add."""
+    return sum(len(c.get("add", {}).get("element", {}).get("elem", ())) for c in commands)
+
+
+def _key_of(entry: Any) -> Any:
+    """An element entry's key: [key, data] for a map, the key for a set; a key with a
+    comment is {"elem": {"val": key, ...}}."""
+    key = entry[0] if isinstance(entry, list) else entry
+    return key["elem"]["val"] if isinstance(key, dict) and "elem" in key else key
+
+
+def _key_id(key: Any) -> Any:
+    """A key as something hashable: the agent's concatenations as tuples (a json.dumps of
+    each of 50,000 keys cost ~0.1 s of a 10,000-identity sync), anything else as JSON."""
+    if isinstance(key, dict) and len(key) == 1 and isinstance(key.get("concat"), list):
+        return tuple(key["concat"])
+    return key if isinstance(key, (str, int)) else json.dumps(key, sort_keys=True)
+
+
+def needs_text(command: Command) -> bool:
+    """A map declaration nft 1.0.6's JSON parser cannot take (concatenated data)."""
+    body = command.get("add", {}).get("map")
+    return isinstance(body, dict) and concat_data(body)
+
+
+def _json_form(command: Command) -> Command:
+    """A concatenated-data map's declaration as a JSON parser that takes one (nft >=
+    1.1.0) wants it: the data types as a list."""
+    body = dict(command["add"]["map"])
+    body["map"] = str(body["map"]).split(" . ")
+    return {"add": {"map": body}}
+
+
+def phased(commands: Sequence[Command], family: str, table: str) -> Plan:
+    """Maps only nft text can declare go first, in a text transaction of their own: empty
+    and unreferenced until the main transaction commits, they change nothing in the data
+    plane meanwhile, and a failed main transaction leaves at most those (the next
+    read-back deletes them if unwanted). Only a change that first deletes the table or
+    such a map (plan() does so only to repair a declaration someone else altered) has
+    those deletes committed before, and so is not atomic."""
+    declarations = [c for c in commands if needs_text(c)]
+    if not declarations:
+        return one_transaction(commands)
+    rest = [c for c in commands if not needs_text(c)]
+    declared = {c["add"]["map"]["name"] for c in declarations}
+    cut = max((i + 1 for i, c in enumerate(rest)
+               if "table" in c.get("delete", {}) or c.get("delete", {}).get("map", {}).get("name") in declared),
+              default=0)
+    phases = [Phase(PREPARE, tuple(rest[:cut]))] if cut else []
+    phases.append(Phase(DECLARE, ({"add": {"table": {"family": family, "name": table}}}, *declarations)))
+    if rest[cut:]:
+        phases.append(Phase(MAIN, tuple(rest[cut:])))
+    return Plan(tuple(commands), tuple(phases))
+
+
+def _commands(current: Ruleset | None, desired: Ruleset, family: str, table: str) -> list[Command]:
+    ref = {"family": family, "table": table}
+    cmds: list[Command] = []
+    if current is not None:
+        current = _redeclare(current, desired, ref, cmds)
+    if current is None:
+        cmds.append({"add": {"table": {"family": family, "name": table}}})
+        current = EMPTY
+
+    for name, decl in desired.sets.items():
+        if name not in current.sets:
+            cmds.append({"add": {_set_kind(decl): {**ref, "name": name, **decl}}})
+    for name, decl in desired.chains.items():
+        if name not in current.chains:
+            cmds.append({"add": {"chain": {**ref, "name": name, **decl}}})
+    for name, rules in desired.rules.items():
+        old = current.rules.get(name)
+        if old == rules:
+            continue
+        if old:
+            cmds.append({"flush": {"chain": {**ref, "name": name}}})
+        cmds.extend({"add": {"rule": {**ref, "chain": name, **rule}}} for rule in rules)
+
+    keys: dict[ElemKey, Any] = {}  # one JSON key per identity, shared by its elements
+
+    def key(k: ElemKey) -> Any:
+        found = keys.get(k)
+        if found is None:
+            found = keys[k] = key_json(k)
+        return found
+
+    for name, elements in current.elements.items():
+        wanted = desired.elements.get(name)
+        if wanted is None:
+            continue  # the map itself goes below
+        gone = [key(k) for k, e in elements.items() if wanted.get(k) != e]
+        if gone:
+            cmds.append({"delete": {"element": {**ref, "name": name, "elem": gone}}})
+    for name, elements in desired.elements.items():
+        old = current.elements.get(name)
+        new = [[{"elem": {"val": key(k), "comment": e.comment}} if e.comment else key(k), data_json(e.value)]
+               for k, e in elements.items() if not old or old.get(k) != e]
+        if new:
+            cmds.append({"add": {"element": {**ref, "name": name, "elem": new}}})
+
+    # Stale chains are only emptied here and deleted by a later transaction (retire()):
+    # kernels before 6.2 may refuse to delete a chain in the batch that removes the map
+    # element pointing at it (EBUSY), as kube-proxy found.
+    cmds.extend({"flush": {"chain": {**ref, "name": n}}} for n in stale_chains(current, desired) if current.rules.get(n))
+    cmds.extend(
+        {"delete": {_set_kind(decl): {**ref, "name": n}}} for n, decl in current.sets.items() if n not in desired.sets
+    )
+    return cmds
+
+
+def stale_chains(current: Ruleset | None, desired: Ruleset) -> list[str]:
+    """Chains the desired state no longer has: plan() empties them, retire() deletes them."""
+    return [n for n in (current or EMPTY).chains if n not in desired.chains]
+
+
+def retire(chains: list[str], family: str, table: str) -> Plan:
+    """Delete chains emptied by an earlier transaction (nothing points at them any more)."""
+    return one_transaction({"delete": {"chain": {"family": family, "table": table, "name": n}}} for n in chains)
+
+
+def _redeclare(current: Ruleset, desired: Ruleset, ref: dict[str, str], cmds: list[Command]) -> Ruleset | None:
+    """Delete what is declared differently (appending the commands); returns the table as
+    it stands after them (None: deleted whole), for the rest of the plan to fill.
+
+    Every rule is flushed and the changed sets and chains are deleted, then declared anew
+    by the rest of the plan, all in one transaction. A map only nft text can declare
+    (concat_data: someone else altered one) is emptied of its users and deleted first, in
+    a phase of its own (phased), then declared, then the rest: only the new connections
+    that pick its slot meanwhile go without NAT. A changed chain that is not a base chain (map
+    elements point at it, so it cannot be deleted) makes the table go and come back whole.
+    """
+    sets = [n for n, d in desired.sets.items() if n in current.sets and current.sets[n] != d]
+    chains = [n for n, d in desired.chains.items() if n in current.chains and current.chains[n] != d]
+    if any("hook" not in desired.chains[n] for n in chains):
+        cmds.append({"delete": {"table": {"family": ref["family"], "name": ref["table"]}}})
+        return None
+    texts = [n for n in sets if concat_data(current.sets[n]) or concat_data(desired.sets[n])]
+    if texts:
+        refs = {f'"@{n}"' for n in texts}
+        users = [c for c, rules in current.rules.items() if any(r in json.dumps(rule) for rule in rules for r in refs)]
+        cmds.extend({"flush": {"chain": {**ref, "name": c}}} for c in users)
+        cmds.extend({"delete": {"map": {**ref, "name": n}}} for n in texts)
+        current = _without(current, texts, [], users)
+        sets = [n for n in sets if n not in texts]
+    if not sets and not chains:
+        return current
+    cmds.append({"flush": {"table": {"family": ref["family"], "name": ref["table"]}}})
+    cmds.extend({"delete": {_set_kind(current.sets[n]): {**ref, "name": n}}} for n in sets)
+    cmds.extend({"delete": {"chain": {**ref, "name": n}}} for n in chains)
+    return _without(current, sets, chains, current.chains)
+
+
+def _without(rs: Ruleset, sets: Collection[str], chains: Collection[str], emptied: Collection[str]) -> Ruleset:
+    """The table after deleting these sets (with their elements) and chains, and flushing
+    the chains in `emptied`."""
+    return Ruleset(
+        sets={n: d for n, d in rs.sets.items() if n not in sets},
+        chains={n: d for n, d in rs.chains.items() if n not in chains},
+        rules={n: () if n in emptied else rs.rules.get(n, ()) for n in rs.chains if n not in chains},
+        elements={n: e for n, e in rs.elements.items() if n not in sets},
+    )
+
+
+def _set_kind(decl: dict[str, Any]) -> str:
+    return "map" if "map" in decl else "set"
+
+
+def document(commands: Sequence[Command]) -> str:
+    """A libnftables JSON document, one command per line: readable and diff-friendly."""
+    body = ",\n ".join(json.dumps(c, sort_keys=True) for c in commands)
+    return '{"nftables": [\n ' + body + "\n]}\n"

@@ -1,0 +1,166 @@
+"""Prometheus metrics, named after kube-proxy's where they mean the same thing.
+
+Sync and programming metrics are recorded by the reconcile loop; per-backend packet and
+byte counters come from the kernel's per-element nft counters, read in the background
+(never on the scrape's thread, never through the loop's sockets), so the load spread is
+visible without tcpdump and a scrape costs no kernel work."""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, Iterable
+
+import structlog
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from agent.errors import RuleError
+
+log = structlog.get_logger()
+
+# Syncs take from under a millisecond (one change) to a few seconds (10,000 identities).
+_SYNC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+# The programming latency's: its targets (p50 5 ms, p99 20 ms at 10,000 identities) are bounds.
+_PROGRAMMING_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.sync_duration = Histogram(
+            "natgw_sync_duration_seconds", "Time of one sync, from the source's objects to the kernel.",
+            ["kind"], buckets=_SYNC_BUCKETS, registry=r)
+        self.last_sync = Gauge("natgw_sync_last_timestamp_seconds",
+                               "When the last successful sync finished (unix time).", registry=r)
+        self.last_queued = Gauge("natgw_sync_last_queued_timestamp_seconds",
+                                 "When the oldest change not yet in the kernel was seen (unix time).", registry=r)
+        self.programming = Histogram(
+            "natgw_network_programming_duration_seconds",
+            "From a change received by the source to the kernel holding it.", buckets=_PROGRAMMING_BUCKETS, registry=r)
+        self.failures = Counter("natgw_sync_failures_total",
+                                "Transactions the kernel refused and syncs that raised.", registry=r)
+        self.identities = Gauge("natgw_identities", "Identities (EIP:port/proto) programmed.", registry=r)
+        self.backends = Gauge("natgw_backends", "Backends programmed, over all identities.", registry=r)
+        self.invalid = Gauge("natgw_invalid_rules", "Rules left out, by the field at fault.", ["field"], registry=r)
+        self.conntrack_deleted = Counter(
+            "natgw_conntrack_entries_deleted_total",
+            "Conntrack entries deleted: of identities that went, UDP ones not NATed to a current backend.", registry=r)
+        self.affinity_deleted = Counter("natgw_affinity_entries_deleted_total",
+                                        "ClientIP affinity entries deleted after their backend left its slot.",
+                                        registry=r)
+        self.cleanup_duration = Histogram(
+            "natgw_cleanup_duration_seconds",
+            "One cleanup pass off the loop's path: conntrack (dumps and deletes), affinity-read (set reads).",
+            ["kind"], buckets=_SYNC_BUCKETS, registry=r)
+        self.watch_restarts = Counter("natgw_watch_restarts_total",
+                                      "Watch streams started again after one ended (Kubernetes source).", registry=r)
+        self.watch_relists = Counter("natgw_watch_relists_total",
+                                     "Lists after the first (410 Gone or failures; Kubernetes source).", registry=r)
+        self._fields: set[str] = set()
+        self._watch_seen: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def set_invalid(self, errors: Iterable[RuleError]) -> None:
+        counts: dict[str, int] = {}
+        for err in errors:
+            counts[err.field] = counts.get(err.field, 0) + 1
+        with self._lock:
+            for field in self._fields - set(counts):
+                self.invalid.labels(field).set(0)
+            for field, n in counts.items():
+                self.invalid.labels(field).set(n)
+            self._fields |= set(counts)
+
+    def cleaned(self, kind: str, deleted: int, seconds: float) -> None:
+        """A cleanup pass finished (agent/run/cleanup.py's report; any thread)."""
+        self.cleanup_duration.labels(kind).observe(seconds)
+        if kind == "conntrack" and deleted:
+            self.conntrack_deleted.inc(deleted)
+
+    def watch_counts(self, restarts: int, relists: int) -> None:
+        """Bring the watch counters up to a source's running totals."""
+        with self._lock:
+            for counter, total, seen in ((self.watch_restarts, restarts, "restarts"), (self.watch_relists, relists, "relists")):
+                delta = total - self._watch_seen.get(seen, 0)
+                if delta > 0:
+                    counter.inc(delta)
+                    self._watch_seen[seen] = total
+
+    def serve_backend_counters(self, read: Callable[[], Counters], interval: float = 10.0) -> CachedCounters:
+        """Export `read()` -- {(identity, backend): (packets, bytes)} from the kernel -- as
+        last read in the background (at most every `interval` s, and only while scraped)."""
+        self.backends_text = CachedCounters(read, interval)
+        return self.backends_text
+
+    def exposition(self) -> bytes:
+        """What a scrape answers: the agent's own metrics, rendered now (a few dozen series),
+        and the per-backend ones as last rendered in the background (40,000 series at 10,000
+        identities x 4 take ~0.3 s to render: never on the scrape, never beside the loop's
+        work more than once per reading)."""
+        backends = self.backends_text.text() if self.backends_text is not None else b""
+        return generate_latest(self.registry) + backends
+
+    backends_text: CachedCounters | None = None
+
+
+Counters = dict[tuple[str, str], tuple[int, int]]
+
+
+class CachedCounters:
+    """The last reading of `read()`, refreshed and rendered by a thread of its own when a
+    scrape finds it older than `interval`: the scrape itself answers at once with what is
+    there (at 10,000 identities x 4 a reading takes ~0.2 s of dumps and decoding; a scrape
+    every 15 s then costs ~1% of a core, none of it on the request or the loop)."""
+
+    def __init__(self, read: Callable[[], Counters], interval: float) -> None:
+        self._read = read
+        self.interval = interval
+        self._value: Counters = {}
+        self._text = b""
+        self._read_at = float("-inf")
+        self._due = threading.Event()
+        self._thread = threading.Thread(target=self._work, name="counters", daemon=True)
+        self._thread.start()
+
+    def get(self) -> Counters:
+        self._ask()
+        return self._value
+
+    def text(self) -> bytes:
+        self._ask()
+        return self._text
+
+    def _ask(self) -> None:
+        if time.monotonic() - self._read_at >= self.interval:
+            self._due.set()
+
+    def _work(self) -> None:
+        while True:
+            self._due.wait()
+            self._due.clear()
+            try:
+                value = self._read()
+                registry = CollectorRegistry()
+                registry.register(_BackendCounters(lambda: value))
+                self._value, self._text = value, generate_latest(registry)
+            except Exception as err:  # the table may be gone or busy: keep the last reading
+                log.warning("backend counters not read", error=f"{type(err).__name__}: {err}")
+            self._read_at = time.monotonic()
+
+
+class _BackendCounters(Collector):
+    def __init__(self, read: Callable[[], Counters]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterable[Any]:
+        packets = CounterMetricFamily("natgw_backend_packets", "New connections' first packets DNATed to a backend "
+                                      "(nft element counter; NAT chains see only a flow's first packet).",
+                                      labels=["identity", "backend"])
+        octets = CounterMetricFamily("natgw_backend_bytes", "Bytes of those packets.", labels=["identity", "backend"])
+        for (identity, backend), (p, b) in sorted(self._read().items()):
+            packets.add_metric([identity, backend], p)
+            octets.add_metric([identity, backend], b)
+        return [packets, octets]

@@ -1,0 +1,283 @@
+"""The pipeline, run once per change: objects -> model -> desired -> render -> plan ->
+one transaction -> cleanup and report. The Reconciler owns the mirror of the agent's
+table; the loop that drives it is agent/run/loop.py."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager, Iterable, Protocol
+
+import structlog
+
+from agent.kernel.caps import UNPROBED, Capabilities
+from agent.run.cleanup import Cleanup, Slice
+from agent.core.desired import Catalog, DesiredState, ListCatalog, ObjectKey
+from agent.errors import ApplyError
+from agent.kernel.view import Damage
+from agent.core.layout import identity_key
+from agent.core.leftovers import leftovers
+from agent.core.legacy import LEGACY_TABLE, takeover_commands
+from agent.memory import gc_paused, trim
+from agent.core.model import Backend, Identity
+from agent.kernel.nft import Nft
+from agent.core.plan import Plan, chunked, element_count, one_transaction, plan, retire, stale_chains
+from agent.core.render import Change, Renderer, hairpin_of
+from agent.ops.report import Reporter
+from agent.core.ruleset import EMPTY, ElemKey, Ruleset, key_json, patched
+from agent.settings import Settings
+
+log = structlog.get_logger()
+
+# Elements beyond which a transaction is large: the view stops listening while it runs
+# (its notifications cost the kernel ~2 us each) and the heap is trimmed after it.
+LARGE_TRANSACTION = 1000
+
+
+class View(Protocol):
+    """The agent's table as the kernel holds it (agent/kernel/view.py's KernelView; in unit
+    tests, the fake's)."""
+
+    def read(self) -> Ruleset | None: ...
+    def read_other(self, table: str) -> Ruleset | None: ...
+    def damage(self) -> Damage: ...
+    def keep_up(self) -> None: ...
+    def missed(self) -> bool: ...
+    def deaf(self, commits: Callable[[], int]) -> ContextManager[None]: ...
+    def reread(self, damage: Damage, mirror: Ruleset) -> Ruleset: ...
+    def entries(self, name: str) -> list[ElemKey]: ...
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    partial: bool  # only the changed identities were evaluated and planned
+    commands: int  # commands sent (0: nothing was sent)
+    identities: int
+    backends: int
+    invalid: int
+
+
+class Reconciler:
+    """Owns the mirror of the agent's table: what the kernel holds, as last read back or
+    successfully applied. Plans are made against it, so a sync with no change sends nothing.
+
+    A sync told which objects changed re-evaluates, renders and plans only the identities
+    they touch (kube-proxy's partial sync); the first sync, one after a failure, a relist
+    or a periodic resync is a full one."""
+
+    def __init__(self, settings: Settings, nft: Nft, view: View, cleanup: Cleanup | None = None,
+                 reporter: Reporter | None = None, caps: Capabilities = UNPROBED) -> None:
+        self.settings = settings
+        self.nft = nft
+        self.view = view
+        self.caps = caps
+        # Without one given (unit tests): affinity entries read through the view, no conntrack.
+        self.cleanup = cleanup or Cleanup(self.backends, None, lambda: view, settings.cleanup_slice)
+        self.reporter = reporter or Reporter()
+        self.state = DesiredState(settings.gateway, settings.max_backends, settings.max_identities)
+        self.renderer = Renderer(settings.affinity_set_size, settings.priority, hairpin_of(settings))
+        self.mirror: Ruleset | None = None
+        self._full = True  # read the kernel back before the next plan
+        self._retiring: dict[str, float] = {}  # emptied chain -> when
+        self._legacy: Ruleset | None = None  # the legacy table as last read (--take-over-legacy)
+
+    def request_full_sync(self) -> None:
+        self._full = True
+
+    def backends(self, identity: Identity) -> tuple[Backend, ...] | None:
+        """An identity's backends as desired now (None: not served). The cleanup thread
+        asks too: one dict get(), atomic, of whichever services dict is current."""
+        service = self.state.services.get(identity)
+        return None if service is None else service.backends
+
+    def sync(self, catalog: Catalog | Iterable[Any], changed: Iterable[ObjectKey] | None = None) -> SyncResult:
+        """Bring the kernel to the desired state of the catalog's objects; `changed` names
+        the objects changed since the last sync (None: unknown, evaluate everything).
+        Raises ApplyError when the transaction is refused (the kernel unchanged, unless
+        the error says `partial`); the next sync then reads the kernel back and is a full
+        one."""
+        if not hasattr(catalog, "named"):
+            catalog, changed = ListCatalog(catalog), None
+        with gc_paused():
+            return self._sync(catalog, changed)  # type: ignore[arg-type]
+
+    def _sync(self, catalog: Catalog, changed: Iterable[ObjectKey] | None) -> SyncResult:
+        if self._full:
+            self.mirror = self.view.read()
+            if self.settings.take_over_legacy:
+                self._legacy = self.view.read_other(LEGACY_TABLE)
+        if changed is None or self._full or self.mirror is None:
+            self.state.rebuild(catalog)
+            change = self.renderer.full(self.state.services, self.mirror, self.cleanup.blocked)
+        else:
+            change = self.renderer.partial(self.state.services, self.state.update(catalog, changed), self.mirror,
+                                           self.cleanup.blocked)
+        self._full = False
+        self.reporter.report(self.state.errors, self.state.notes)
+        todo = self._plan(self.mirror if change.full else change.before, change.wanted)
+        todo = todo.then(self._legacy_takeover())
+        try:
+            self._apply(todo)
+        except ApplyError as err:
+            self._full = True
+            self.reporter.apply_failed(err)
+            raise
+        self.reporter.apply_succeeded()
+        if todo:
+            log.debug("transaction", commands=list(todo.commands))  # the whole batch, only with --log-level debug
+        self._commit(change)
+        now = time.monotonic()
+        for name in stale_chains(change.before, change.wanted):
+            self._retiring.setdefault(name, now)
+        # After the transaction, so no new such flow or entry can appear; cleared off this path.
+        left = leftovers(change.before, change.wanted)
+        self.cleanup.note(change.changed, left.gone, left.affinity)
+        return SyncResult(
+            partial=not change.full,
+            commands=len(todo),
+            identities=len(self.state.services),
+            backends=self.state.backends,
+            invalid=len(self.state.errors),
+        )
+
+    def _commit(self, change: Change) -> None:
+        """The kernel took the change: make the mirror say so."""
+        self.renderer.commit(change)
+        if change.full or self.mirror is None:
+            self.mirror = change.wanted
+        else:
+            self.mirror = patched(self.mirror, change.before, change.wanted)
+
+    def _plan(self, current: Ruleset | None, wanted: Ruleset) -> Plan:
+        todo = plan(current, wanted, self.nft.family, self.nft.table, text_maps=not self.caps.json_concat_maps)
+        return chunked(todo, self.settings.max_transaction_elements)
+
+    def _legacy_takeover(self) -> list[dict[str, Any]]:
+        if not self.settings.take_over_legacy:
+            return []
+        return takeover_commands(self._legacy, (identity_key(i) for i in self.state.services), self.nft.family)
+
+    def _apply(self, todo: Plan) -> None:
+        if not todo:
+            return
+        if len(todo.phases) == 1 and element_count(todo.commands) <= LARGE_TRANSACTION:
+            self.nft.apply(todo)
+            return
+        try:
+            with self.view.deaf(lambda: self.nft.transactions):
+                self.nft.apply(todo)
+        finally:
+            trim()  # what libnftables used for a large transaction goes back to the kernel
+
+    def check_drift(self) -> bool:
+        """Repair what others changed in the agent's table since the last look, as the
+        kernel's notifications tell it (agent/kernel/view.py): the damaged objects are read
+        again and the difference to the mirror sent at once, in one transaction. Returns
+        True when that is not enough and a full sync (a read-back of everything) is due:
+        lost notifications, the table deleted, a repair refused; or legacy objects of an
+        identity the agent serves reappeared (with --take-over-legacy)."""
+        damage = self.view.damage()
+        if not damage or self.mirror is None:
+            return False
+        if (damage.others or damage.everything) and self.settings.take_over_legacy:  # everything: maybe theirs too
+            self._legacy = self.view.read_other(LEGACY_TABLE)
+            if self._legacy_takeover():
+                log.info("legacy objects reappeared for identities the agent serves; taking over")
+                self._full = True
+                return True
+        if not damage.ours():
+            return False
+        if damage.everything:
+            # The table as a whole, compared with the mirror: what differs is repaired, the
+            # mirror stays (the read-back is dropped: the agent holds one copy of the table).
+            log.warning("drift: the kernel's table changed beyond what its notifications say; reading it back")
+            current = self.view.read()
+        else:
+            current = self.view.reread(damage, self.mirror)
+        repair = self._plan(current, self.mirror)
+        if not repair:
+            return False
+        log.warning("drift: the kernel differs from what the agent programmed; repairing", commands=len(repair),
+                    chains=sorted(damage.chains), sets=sorted(damage.sets), maps=sorted(damage.elements))
+        try:
+            self._apply(repair)
+        except ApplyError as err:
+            log.warning("drift repair refused; reading everything back", error=err.message)
+            self._full = True
+            return True
+        now = time.monotonic()
+        for name in stale_chains(current or EMPTY, self.mirror):
+            self._retiring.setdefault(name, now)
+        return False
+
+    def due(self) -> list[float]:
+        """When the reconciler has timed work next (monotonic): a chain to retire, a slice
+        of stale affinity entries to delete. Empty: nothing until something happens."""
+        at = [t + self.settings.retire_delay for t in self._retiring.values()]
+        if self.cleanup.has_slice():
+            at.append(time.monotonic())
+        return [min(at)] if at else []
+
+    def retire_chains(self) -> None:
+        """Delete chains emptied at least retire_delay ago that are still unused."""
+        if not self._retiring:
+            return
+        used = self.mirror.chains if self.mirror is not None else {}
+        now = time.monotonic()
+        due = sorted(n for n, t in self._retiring.items() if n not in used and now - t >= self.settings.retire_delay)
+        for name in [n for n in self._retiring if n in used]:
+            del self._retiring[name]  # in use again
+        if not due:
+            return
+        for name in due:
+            del self._retiring[name]
+        try:
+            self._apply(retire(due, self.nft.family, self.nft.table))
+        except ApplyError as err:
+            # Someone removed them already, or still points at them: a read-back sorts it out.
+            log.warning("retiring chains failed; will read back", chains=len(due), error=err.message)
+            self._full = True
+
+    def clean_affinity(self) -> int:
+        """Delete one slice of stale affinity entries that the cleanup thread prepared (at
+        most settings.cleanup_slice: ~20 ms of libnftables), in one transaction: the loop
+        calls it once a turn, after any sync, so a change never waits behind a long delete.
+        Returns how many entries the transaction named."""
+        piece = self.cleanup.next_slice()
+        if piece is None:
+            return 0
+        if piece.keys:
+            try:
+                self._apply(one_transaction([self._delete_entries(piece)]))
+            except ApplyError as err:
+                log.info("affinity delete refused (an entry expired meanwhile?); reading the set again",
+                         set=piece.set_name, entries=len(piece.keys), error=err.message)
+                self.cleanup.applied(piece, False)
+                return 0
+        self.cleanup.applied(piece, True)
+        if piece.keys:
+            log.info("affinity entries of removed backends deleted", set=piece.set_name, entries=len(piece.keys))
+        return len(piece.keys)
+
+    def _delete_entries(self, piece: Slice) -> dict[str, Any]:
+        # destroy (kernel 6.3+, probed): an entry that expired meanwhile fails nothing.
+        verb = "destroy" if self.caps.destroy else "delete"
+        ref = {"family": self.nft.family, "table": self.nft.table, "name": piece.set_name}
+        return {verb: {"element": {**ref, "elem": [key_json(k) for k in piece.keys]}}}
+
+
+def connected(settings: Settings, reporter: Reporter | None = None) -> Reconciler:
+    """A reconciler on this network namespace's kernel: libnftables to write, its own
+    netlink to read and follow changes, the capabilities probed (and logged)."""
+    from agent.kernel.caps import probe
+    from agent.kernel.ctnetlink import Conntrack
+    from agent.kernel.view import KernelView
+
+    view = KernelView("ip", settings.table, also=(LEGACY_TABLE,) if settings.take_over_legacy else ())
+    nft = Nft("ip", settings.table)
+    caps = probe(nft, view, "ip", settings.table)
+    log.info("capabilities", **caps.as_dict())
+    reconciler = Reconciler(settings, nft, view, reporter=reporter, caps=caps)
+    # The cleanup thread's own sockets, made in its thread (so in this namespace too).
+    reconciler.cleanup = Cleanup(reconciler.backends, Conntrack if settings.conntrack else None,
+                                 lambda: KernelView("ip", settings.table, subscribe=False), settings.cleanup_slice)
+    return reconciler
