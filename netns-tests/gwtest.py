@@ -58,7 +58,7 @@ class Agent:
     def __init__(self, lab: Lab, rules_dir: Path, log_path: Path, source_args: list[str] | None = None,
                  supervised: bool = False) -> None:
         self.lab = lab
-        self.supervised = supervised  # under `natgw-agent supervise`, as in its container
+        self.supervised = supervised  # under the supervisor (`natgw-supervise`), as in its container
         self.rules_dir = rules_dir
         self.log_path = log_path
         self.source_args = source_args or ["--from-dir", str(rules_dir)]
@@ -67,7 +67,8 @@ class Agent:
 
     def start(self) -> None:
         run = ["--log-format", "json", "run", "--gateway", GATEWAY, "--state-dir", str(self.state_dir), *self.source_args]
-        argv = [sys.executable, "-m", "agent.cli", *(["supervise", *run] if self.supervised else run)]
+        # Supervised: through the supervisor's own entry point, as the container's command runs it.
+        argv = [sys.executable, "-m", *(["agent.deploy.supervise", *run] if self.supervised else ["agent.cli", *run])]
         self._log = open(self.log_path, "ab")
         self.proc = self.lab.popen_in(self.lab.gw_ns, argv, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT)
 

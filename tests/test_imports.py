@@ -1,9 +1,13 @@
-"""Import contracts (kopf's import-linter idea, by reading the source): the pure core
-imports no I/O library, directly or through another agent module; the reconciler reaches
-none of the loop's wiring; and nothing the agent ships imports the lab."""
+"""Import contracts by package (kopf's import-linter idea, by reading the source): the wings
+are layered and the wings of one layer independent; the pure core imports no I/O library,
+directly or through another agent module; the reconciler reaches none of the loop's wiring;
+the supervisor (the container's PID 1) reaches the standard library only, and its entry
+point loads no other agent module; nothing the agent ships imports the lab. Each contract
+has a twin showing it can fail."""
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,6 +78,90 @@ def _walk(module: str) -> tuple[set[str], set[str]]:
 @pytest.mark.parametrize("module", PURE)
 def test_the_pure_core_imports_no_io(module: str) -> None:
     assert closure(module) & IO == set(), f"{path_of(module)} reaches I/O: {sorted(closure(module) & IO)}"
+
+
+# Top to bottom; a module may import its own wing and the layers below, never a layer above
+# nor another wing of its own layer. Leaves are wings of one module each.
+LAYERS = (("cli",), ("run", "deploy"), ("ops",), ("kernel", "sources"), ("core",),
+          ("settings", "errors", "backoff", "log", "memory"))
+RANK = {wing: n for n, layer in enumerate(LAYERS) for wing in layer}
+
+
+def every_module() -> list[str]:
+    """Every module of the agent, dotted below `agent` (packages' __init__ left out)."""
+    return sorted(".".join(p.relative_to(AGENT).with_suffix("").parts) for p in AGENT.rglob("*.py")
+                  if p.stem != "__init__")
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each agent module's direct imports of other agent modules."""
+    return {m: {module_of(i.partition(".")[2]) for i in imports_of(path_of(m)) if i.startswith("agent.")} - {""}
+            for m in every_module()}
+
+
+def layering_violations(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for module, imported in sorted(graph.items()):
+        wing = module.split(".")[0]
+        for other in sorted(imported):
+            theirs = other.split(".")[0]
+            if theirs != wing and RANK[theirs] <= RANK[wing]:
+                why = "the same layer" if RANK[theirs] == RANK[wing] else "a layer above"
+                found.append(f"agent.{module} imports agent.{other}: {why}")
+    return found
+
+
+def test_every_module_is_in_a_wing_of_the_layers() -> None:
+    assert {m.split(".")[0] for m in every_module()} <= set(RANK)
+
+
+def test_the_wings_are_layered_and_a_layers_wings_independent() -> None:
+    assert layering_violations(import_graph()) == []
+
+
+def test_the_layering_contract_can_fail() -> None:
+    graph = import_graph()
+    assert "core.plan" in graph["run.reconcile"] or "core.render" in graph["run.reconcile"]  # the graph is read
+    assert layering_violations({"core.model": {"kernel.nft"}}) == [
+        "agent.core.model imports agent.kernel.nft: a layer above"]
+    assert layering_violations({"kernel.view": {"sources.kube"}, "run.loop": {"deploy.inject"}}) == [
+        "agent.kernel.view imports agent.sources.kube: the same layer",
+        "agent.run.loop imports agent.deploy.inject: the same layer"]
+
+
+def test_the_supervisor_reaches_the_standard_library_only() -> None:
+    reached, external = _walk("deploy.supervise")
+    assert reached == {"deploy.supervise"}
+    assert external - set(sys.stdlib_module_names) - {"__future__"} == set()
+
+
+def test_the_supervisor_contract_can_fail() -> None:
+    assert _walk("cli")[1] - set(sys.stdlib_module_names) >= {"structlog"}
+
+
+def _agent_loaded(code: str) -> tuple[set[str], set[str]]:
+    """(agent modules, modules from outside the standard library) a fresh interpreter loads
+    for `code`, beyond what it loads for nothing (site's own hooks)."""
+    extra = _fresh(code) - _fresh("pass")
+    return ({m for m in extra if m.split(".")[0] == "agent"},
+            {m for m in extra if m.split(".")[0] not in sys.stdlib_module_names and m.split(".")[0] != "agent"})
+
+
+def test_the_containers_pid_1_starts_through_an_entry_point_that_loads_only_the_supervisor() -> None:
+    import tomllib
+
+    from agent.deploy.inject import Options, agent_container
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    command = agent_container(Options(image="x"))["command"][0]
+    module, _, function = scripts[command].partition(":")
+    assert (module, function) == ("agent.deploy.supervise", "main")
+    assert _agent_loaded(f"from {module} import {function}") == ({"agent", "agent.deploy", "agent.deploy.supervise"}, set())
+
+
+def test_the_pid_1_contract_can_fail() -> None:
+    agent, outside = _agent_loaded("from agent.cli import main")
+    assert "agent.settings" in agent and "structlog" in outside
 
 
 def test_the_contract_can_fail() -> None:

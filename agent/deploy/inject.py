@@ -11,7 +11,7 @@ the downward API hands the agent as GATEWAY_NAME.
 
 The agent runs in a container named `natgw-agent`, never as `vpc-nat-gw`'s process: the
 controller recreates the whole pod (all flows lost) when `vpc-nat-gw` has restarted, while
-a restart of another container is the kubelet's alone. Inside, `natgw-agent supervise`
+a restart of another container is the kubelet's alone. Inside, `natgw-supervise`
 restarts a dead worker at once (agent/deploy/supervise.py)."""
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def agent_container(options: Options, readiness: bool = True) -> dict[str, Any]:
         "name": CONTAINER,
         "image": options.image,
         "imagePullPolicy": "IfNotPresent",
-        "command": ["natgw-agent", "supervise", "--log-format", "json", "run", "--state-dir", STATE_DIR,
+        "command": ["natgw-supervise", "--log-format", "json", "run", "--state-dir", STATE_DIR,
                     *options.extra_args],
         "env": env,
         # nftables and conntrack over netlink need CAP_NET_ADMIN, nothing more; the pod's
