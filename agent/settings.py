@@ -52,8 +52,11 @@ class Settings:
     """Namespace of the Events the agent records (its objects are cluster-scoped)."""
 
     metrics_addr: str = "127.0.0.1:10299"
-    """host:port of the health endpoints (/healthz, /livez, /readyz). 10299 is used by no
-    Kubernetes component; in a pod, bind the pod IP (eth0), never an EIP on net1."""
+    """host:port of /metrics and the HTTP health endpoints (/healthz, /livez, /readyz).
+    Loopback: in a gateway pod, reachable from the pod only. The pod's IP is on eth0, in the
+    tenant's VPC: binding it exposes every identity and backend address to every workload
+    there (the exec probes use the status socket, not this). 10299 is used by no Kubernetes
+    component."""
 
     healthz_stale_after: float = 60.0
     """/healthz fails once a change has waited longer than this many seconds (kube-proxy:
