@@ -6,12 +6,15 @@ PY := $(VENV)/bin/python
 APT_PACKAGES := nftables python3-nftables python3-venv conntrack iproute2 iptables systemd util-linux openssl
 STAMP := $(VENV)/.installed
 
-# The Debian 13 (trixie) root the suite also runs in (nftables 1.1.3, Python 3.13); outside
-# the repository, which is mounted inside it. Built once by images/debian13/root.sh.
+# The Debian roots the suite also runs in: Debian 13 (trixie: nftables 1.1.3, Python 3.13)
+# and sid (unstable: nftables 1.1.7, Python 3.14, what a fresh alpine:edge build carries);
+# outside the repository, which is mounted inside them. Built once each by images/debian/root.sh.
 DEBIAN13_ROOT ?= /var/tmp/natgw-agent-debian13
 DEBIAN13_VENV := .venv-debian13
+SID_ROOT ?= /var/tmp/natgw-agent-sid
+SID_VENV := .venv-sid
 
-.PHONY: deps run test test-here test-debian13 unit netns bench bench-busy bench-busy-debian13 bench-busy-report \
+.PHONY: deps run test test-here test-debian13 test-sid unit netns bench bench-busy bench-busy-debian13 bench-busy-report \
 	bench-cleanup bench-cleanup-report bench-footprint clean
 
 # Debian packages (the nftables binding is only packaged by the distro), then a virtualenv
@@ -31,15 +34,16 @@ $(STAMP): pyproject.toml Makefile
 run: deps
 	$(PY) -m lab.demo
 
-# All tests: this system's suite, then the same suite in the Debian 13 root (one after the
-# other, never at once: both use the kernel's nftables and network namespaces). Both run
-# even if the first fails; the summary names the system that failed.
+# All tests: this system's suite, then the same suite in the Debian 13 root and in the sid
+# root (one after the other, never at once: all use the kernel's nftables and network
+# namespaces). All run even if one fails; the summary names the systems that failed.
 test:
 	@failed=; \
 	$(MAKE) --no-print-directory test-here || failed="$$failed, this system ($$(. /etc/os-release; echo $$PRETTY_NAME))"; \
 	$(MAKE) --no-print-directory test-debian13 || failed="$$failed, the Debian 13 root ($(DEBIAN13_ROOT))"; \
+	$(MAKE) --no-print-directory test-sid || failed="$$failed, the sid root ($(SID_ROOT))"; \
 	if [ -n "$$failed" ]; then echo "make test: FAILED on$${failed#,}" >&2; exit 1; fi; \
-	echo "make test: passed on this system and in the Debian 13 root"
+	echo "make test: passed on this system, in the Debian 13 root and in the sid root"
 
 # This system's suite only (whatever system make runs on; inside the root, Debian 13's).
 test-here: deps
@@ -48,8 +52,13 @@ test-here: deps
 # The suite in the Debian 13 root: builds the root when missing, then runs test-here there
 # with a virtualenv of its own (deps installs the Debian packages inside the root).
 test-debian13:
-	images/debian13/root.sh build $(DEBIAN13_ROOT)
-	images/debian13/root.sh run $(DEBIAN13_ROOT) $(CURDIR) -- make VENV=$(DEBIAN13_VENV) test-here
+	images/debian/root.sh trixie build $(DEBIAN13_ROOT)
+	images/debian/root.sh trixie run $(DEBIAN13_ROOT) $(CURDIR) -- make VENV=$(DEBIAN13_VENV) test-here
+
+# The same in the sid root (nftables 1.1.7, Python 3.14).
+test-sid:
+	images/debian/root.sh sid build $(SID_ROOT)
+	images/debian/root.sh sid run $(SID_ROOT) $(CURDIR) -- make VENV=$(SID_VENV) test-here
 
 unit: deps
 	$(PY) -m pytest tests
@@ -97,8 +106,8 @@ bench-busy: deps
 # The same in the Debian 13 root (nftables 1.1.3, Python 3.13); the repository is mounted
 # there, so its JSON lands in this tree's build/.
 bench-busy-debian13:
-	images/debian13/root.sh build $(DEBIAN13_ROOT)
-	images/debian13/root.sh run $(DEBIAN13_ROOT) $(CURDIR) -- make VENV=$(DEBIAN13_VENV) BUSY_N=$(BUSY_N) \
+	images/debian/root.sh trixie build $(DEBIAN13_ROOT)
+	images/debian/root.sh trixie run $(DEBIAN13_ROOT) $(CURDIR) -- make VENV=$(DEBIAN13_VENV) BUSY_N=$(BUSY_N) \
 		BUSY_JSON=$(BUSY_JSON_DEBIAN13) bench-busy
 
 # The busy neighbour section of BENCHMARKS.md from the two results (the rest of the file stays).

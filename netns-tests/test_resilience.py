@@ -65,7 +65,8 @@ def static_ruleset(agent) -> list[str]:
         kind, body = next(iter(item.items()))
         if kind == "metainfo":
             continue
-        body = {k: v for k, v in body.items() if k != "handle" and not (kind == "set" and k == "elem")}
+        # nft 1.1.7 lists a set's "count" (elements held) beside "elem": contents too.
+        body = {k: v for k, v in body.items() if k != "handle" and not (kind == "set" and k in ("elem", "count"))}
         items.append(json.dumps({kind: body}, sort_keys=True))
     return sorted(items)
 

@@ -1,19 +1,27 @@
 #!/usr/bin/env bash
-# A Debian 13 (trixie) root on this machine, to run natgw-agent's whole suite against
-# trixie's nftables (1.1.3) and Python (3.13) without a container runtime. Root only.
+# A Debian root on this machine, to run natgw-agent's whole suite against another
+# release's nftables and Python without a container runtime. Root only.
 #
-#   root.sh build [ROOT]                  debootstrap ROOT (skipped when a complete build is there)
-#   root.sh run [ROOT] REPO -- CMD...     run CMD inside ROOT, in REPO (seen at /src/natgw-agent)
+#   root.sh SUITE build [ROOT]                debootstrap ROOT (skipped when a complete build is there)
+#   root.sh SUITE run [ROOT] REPO -- CMD...   run CMD inside ROOT, in REPO (seen at /src/natgw-agent)
 #
-# ROOT defaults to /var/tmp/natgw-agent-debian13: outside the repository, because the
-# repository is mounted inside the root. DEBIAN13_MIRROR overrides Debian's default mirror.
+# SUITE: trixie (Debian 13: nftables 1.1.3, Python 3.13) or sid (unstable: nftables 1.1.7,
+# Python 3.14, as of 2026-12). ROOT defaults to /var/tmp/natgw-agent-SUITE: outside the
+# repository, because the repository is mounted inside the root. debootstrap uses Debian's
+# default mirror; DEBIAN_MIRROR names another.
 set -euo pipefail
 
-DEFAULT_ROOT=/var/tmp/natgw-agent-debian13
-MIRROR=${DEBIAN13_MIRROR:-http://deb.debian.org/debian}
+SUITE=${1:-}
+case "$SUITE" in
+    trixie|sid) shift ;;
+    *) echo "root.sh: usage: $0 trixie|sid build [ROOT] | $0 trixie|sid run [ROOT] REPO -- CMD..." >&2; exit 2 ;;
+esac
+DEFAULT_ROOT=/var/tmp/natgw-agent-$SUITE
+[[ $SUITE == trixie ]] && DEFAULT_ROOT=/var/tmp/natgw-agent-debian13  # where earlier builds are
+MIRROR=${DEBIAN_MIRROR:-}
 PACKAGES=make,git,python3,python3-venv,python3-pip,python3-yaml,iproute2,procps,ca-certificates
 # The stamp holds the recipe: a root built by another recipe is rebuilt, not reused.
-RECIPE="debootstrap --variant=minbase --include=$PACKAGES trixie $MIRROR"
+RECIPE="debootstrap --variant=minbase --include=$PACKAGES $SUITE $MIRROR"
 STAMP=.natgw-root-complete
 INNER_REPO=/src/natgw-agent
 # The machine's CA bundle (it has CAs of its own, e.g. an egress proxy's) goes to a path of
@@ -27,7 +35,7 @@ PASS_ENV=(CI TERM PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_DEFAULT_TIMEOUT PIP_DISA
 
 say() { echo "root.sh: $*" >&2; }
 die() { say "$*"; exit 2; }
-usage() { die "usage: $0 build [ROOT] | $0 run [ROOT] REPO -- CMD..."; }
+usage() { die "usage: $0 trixie|sid build [ROOT] | $0 trixie|sid run [ROOT] REPO -- CMD..."; }
 
 # Mount targets at or under $1, deepest first, as findmnt lists them in this mount namespace.
 mounts_under() {
@@ -71,12 +79,17 @@ build() {
     remove_tree "$root"
     mkdir -p "$new"
     start=$SECONDS
-    say "debootstrap trixie into $new"
+    say "debootstrap $SUITE into $new"
     # In a mount namespace of its own: the proc/sys mounts debootstrap makes in the target
     # vanish with it, even if it is killed.
     unshare --mount --propagation private \
-        debootstrap --variant=minbase --include="$PACKAGES" trixie "$new" "$MIRROR" >"$root.debootstrap.log" 2>&1 \
+        debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$new" ${MIRROR:+"$MIRROR"} >"$root.debootstrap.log" 2>&1 \
         || { tail -n 30 "$root.debootstrap.log" >&2; die "debootstrap failed (log: $root.debootstrap.log)"; }
+    if [[ $SUITE == sid ]]; then
+        # sid's Release file as the mirror serves it may be past its Valid-Until date
+        # (seen here 2026-12); apt-get update inside the root then refuses it.
+        echo 'Acquire::Check-Valid-Until "false";' >"$new/etc/apt/apt.conf.d/90natgw-valid-until"
+    fi
     echo "$RECIPE" >"$new/$STAMP"
     mv -T "$new" "$root"
     say "built $root (Debian $(cat "$root/etc/debian_version")) in $((SECONDS - start)) s"
@@ -159,7 +172,7 @@ run() {
         # pid): the host never sees these mounts, and they go with it and its children, even on
         # SIGKILL.
         # --propagation unchanged keeps /run/netns a peer of the host's.
-        NATGW_ROOT_NS=$$ exec unshare --mount --propagation unchanged -- "$0" run "$root" "$repo" -- "$@"
+        NATGW_ROOT_NS=$$ exec unshare --mount --propagation unchanged -- "$0" "$SUITE" run "$root" "$repo" -- "$@"
     fi
 
     exec 9>"$root.lock"
