@@ -23,7 +23,8 @@ import structlog
 from agent.sources.directory import DirectorySource
 from agent.kernel.view import KernelView
 from agent.kernel.nft import Nft
-from agent.run.reconcile import Reconciler, connected
+from agent.run.daemon import connected
+from agent.run.reconcile import Reconciler
 from agent.settings import Settings
 from bench import identities as ids_mod
 

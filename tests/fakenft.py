@@ -614,3 +614,14 @@ def edges(fake: FakeNft, family: str = "ip", table: str = "natgw") -> tuple[Any,
     from agent.kernel.nft import Nft
 
     return Nft(family, table, fake), fake.view(family, table)
+
+
+def wired(settings: Any, nft: Any, view: Any, caps: Any = None, flow_table: Any = None) -> Any:
+    """A reconciler on these edges, wired as the daemon wires one (agent/run/daemon.py's
+    assemble): its cleanup thread reads the affinity sets through `view`, and conntrack
+    only through `flow_table` (a maker of a fake one) when given; `caps` unprobed if None."""
+    from agent.kernel.caps import UNPROBED
+    from agent.ops.report import Reporter
+    from agent.run.daemon import assemble
+
+    return assemble(settings, nft, view, UNPROBED if caps is None else caps, Reporter(), flow_table, lambda: view)

@@ -12,7 +12,7 @@ from agent.core.model import Backend, Identity
 from agent.run.reconcile import Reconciler
 from agent.settings import Settings
 from tests.builders import eip, rule
-from tests.fakenft import FakeNft, edges
+from tests.fakenft import FakeNft, edges, wired
 from tests.sources import Store
 
 TCP, UDP = 6, 17
@@ -111,7 +111,7 @@ def sticky_world(version: str = "1.0.6", caps: Any = UNPROBED) -> tuple[FakeNft,
     store.put(eip("eip-web", "172.18.0.10"))
     for name, port, ip in (("app-a", 443, "10.0.1.11"), ("app-b", 443, "10.0.1.12"), ("other", 444, "10.0.1.11")):
         store.put(rule(name, port, ip, 9090, affinity="ClientIP", timeout=600))
-    reconciler = Reconciler(SETTINGS, *edges(fake), caps=caps)
+    reconciler = wired(SETTINGS, *edges(fake), caps=caps)
     reconciler.sync(store, None)
     store.take()
     for key in (PIN_A, PIN_A2, PIN_OTHER):

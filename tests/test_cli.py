@@ -53,14 +53,13 @@ def test_diff_plans_with_the_running_agents_capabilities_as_its_syncs_do(version
     from agent.kernel.caps import probe
     from agent.core.desired import ListCatalog
     from agent.ops.health import Health
-    from agent.run.reconcile import Reconciler
     from agent.settings import Settings
     from agent.ops.status import StatusServer
-    from tests.fakenft import FakeNft, edges
+    from tests.fakenft import FakeNft, edges, wired
 
     fake = FakeNft(version)
     caps = probe(*edges(fake), "ip", "natgw")  # as the running agent found them at its start
-    monkeypatch.setattr("agent.cli.KernelView", lambda family, table, **_: fake.view(family, table))
+    monkeypatch.setattr("agent.run.oneshot.KernelView", lambda family, table, **_: fake.view(family, table))
     rules = tmp_path / "rules"
     rules.mkdir()
     (rules / "rules.json").write_text(json.dumps({"kind": "List", "items": web_objects}))
@@ -70,7 +69,7 @@ def test_diff_plans_with_the_running_agents_capabilities_as_its_syncs_do(version
     finally:
         server.close()
     shown = json.loads(capsys.readouterr().out)["nftables"]
-    Reconciler(Settings(gateway="gw1", conntrack=False), *edges(fake), caps=caps).sync(ListCatalog(web_objects))
+    wired(Settings(gateway="gw1", conntrack=False), *edges(fake), caps=caps).sync(ListCatalog(web_objects))
     maps = [c["add"]["map"]["map"] for c in shown if c.get("add", {}).get("map", {}).get("name", "").startswith("backend_")]
     if caps.json_concat_maps:  # nft 1.1: one JSON transaction, exactly the one the sync sent
         assert fake.batches[-1] == shown and fake.texts == []
@@ -84,7 +83,7 @@ def test_diff_without_an_agent_or_a_private_namespace_says_so(monkeypatch, capsy
     def no_unshare(table):
         raise RuntimeError("unshare: unshare failed: Operation not permitted")
 
-    monkeypatch.setattr("agent.cli.probe_private", no_unshare)
+    monkeypatch.setattr("agent.run.oneshot.probe_private", no_unshare)
     assert main(["diff", "--gateway", "gw1", "--from-dir", str(tmp_path), "--state-dir", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert "no agent answered" in err and "Operation not permitted" in err

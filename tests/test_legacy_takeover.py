@@ -164,17 +164,16 @@ def test_legacy_objects_added_while_the_agent_did_not_listen_are_taken_over() ->
     """The script re-adds a served identity while a large sync runs deaf (agent/kernel/view.py:
     nothing heard, only that someone committed): the drift check looks at the legacy
     table too, and asks for the full sync that takes it over again."""
-    from agent.run.reconcile import Reconciler
     from agent.settings import Settings
     from tests.builders import eip, rule
-    from tests.fakenft import edges
+    from tests.fakenft import edges, wired
     from tests.sources import Store
 
     store = Store()
     store.put(eip("eip-web", EIP))
     store.put(rule("web", 80, "10.0.1.11"))
     fake = FakeNft()
-    reconciler = Reconciler(Settings(gateway="gw1", conntrack=False, take_over_legacy=True), *edges(fake))
+    reconciler = wired(Settings(gateway="gw1", conntrack=False, take_over_legacy=True), *edges(fake))
     agents = fake.json_cmd
 
     def then_the_script(doc: Any) -> Any:

@@ -13,7 +13,7 @@ from agent.run.loop import run_loop
 from agent.run.reconcile import Reconciler
 from agent.settings import Settings
 from tests.builders import eip, rule
-from tests.fakenft import FakeNft, edges
+from tests.fakenft import FakeNft, edges, wired
 from tests.sources import StoreSource
 
 FAST = Settings(gateway="gw1", conntrack=False, retry_min=0.02, retry_max=0.1, poll_interval=0.005,
@@ -50,7 +50,7 @@ def converged(reconciler: Reconciler) -> bool:
 def test_refused_transactions_are_retried_with_a_read_back_until_they_land() -> None:
     backend = FakeNft()
     backend.fail_next(4)
-    reconciler = Reconciler(FAST, *edges(backend))
+    reconciler = wired(FAST, *edges(backend))
     health = Health(FAST.healthz_stale_after, FAST.livez_wedged_after)
     seen_unhealthy = []
     with structlog.testing.capture_logs() as logs:
@@ -69,7 +69,7 @@ def test_refused_transactions_are_retried_with_a_read_back_until_they_land() -> 
 def test_the_loop_survives_exceptions_from_any_stage() -> None:
     source = world()
     source.poll_errors = 3
-    reconciler = Reconciler(FAST, *edges(FakeNft()))
+    reconciler = wired(FAST, *edges(FakeNft()))
     original = reconciler.sync
     calls = {"n": 0}
 
@@ -98,7 +98,7 @@ def started(source: Any, settings: Settings = IDLE) -> tuple[Any, threading.Thre
     from agent.run.loop import Loop, StopEvent
 
     backend = FakeNft()
-    loop = Loop(settings, source, Reconciler(settings, *edges(backend)), StopEvent())
+    loop = Loop(settings, source, wired(settings, *edges(backend)), StopEvent())
     thread = threading.Thread(target=loop.run, daemon=True)
     thread.start()
     return loop, thread, backend
@@ -205,7 +205,7 @@ def test_a_notification_while_a_sync_waits_does_not_make_the_loop_spin() -> None
     backend = FakeNft()
     nft, view = edges(backend)
     notifying = NotifyingView(view)
-    reconciler = Reconciler(IDLE, nft, notifying)  # type: ignore[arg-type]
+    reconciler = wired(IDLE, nft, notifying)  # type: ignore[arg-type]
     loop = Loop(IDLE, source, reconciler, StopEvent())
     thread = threading.Thread(target=loop.run, daemon=True)
     thread.start()
@@ -245,7 +245,7 @@ def test_what_others_did_while_the_view_was_deaf_is_repaired_though_nothing_wake
         return out
 
     backend.json_cmd = then_someone_else  # type: ignore[method-assign]
-    loop = Loop(IDLE, source, Reconciler(IDLE, nft, notifying), StopEvent())  # type: ignore[arg-type]
+    loop = Loop(IDLE, source, wired(IDLE, nft, notifying), StopEvent())  # type: ignore[arg-type]
     thread = threading.Thread(target=loop.run, daemon=True)
     thread.start()
     try:
@@ -259,7 +259,6 @@ def test_what_others_did_while_the_view_was_deaf_is_repaired_though_nothing_wake
 def test_a_change_is_synced_while_the_cleanup_of_an_earlier_one_is_still_running() -> None:
     """Cleanup never holds up a change: with the conntrack pass of a removal stuck, the
     next change is synced anyway, and the pass completes afterwards."""
-    from agent.run.cleanup import Cleanup
     from agent.core.flows import Flow, Query
     from agent.run.loop import Loop, StopEvent
     from tests.sources import WakingSource
@@ -281,8 +280,7 @@ def test_a_change_is_synced_while_the_cleanup_of_an_earlier_one_is_still_running
     source.put(eip("eip-web", "172.18.0.10"))
     source.put(rule("web-a", 80, "10.0.1.11"))
     backend = FakeNft()
-    reconciler = Reconciler(IDLE, *edges(backend))
-    reconciler.cleanup = Cleanup(reconciler.backends, StuckTable, lambda: reconciler.view)
+    reconciler = wired(IDLE, *edges(backend), flow_table=StuckTable)
     loop = Loop(IDLE, source, reconciler, StopEvent())
     thread = threading.Thread(target=loop.run, daemon=True)
     thread.start()
@@ -314,7 +312,7 @@ def test_an_idle_loop_sleeps_past_the_wedge_limit_and_is_live_when_asked() -> No
     source = WakingSource()
     source.put(eip("eip-web", "172.18.0.10"))
     health = Health(settings.healthz_stale_after, settings.livez_wedged_after)
-    loop = Loop(settings, source, Reconciler(settings, *edges(FakeNft())), StopEvent(), health)
+    loop = Loop(settings, source, wired(settings, *edges(FakeNft())), StopEvent(), health)
     thread = threading.Thread(target=loop.run, daemon=True)
     thread.start()
     try:

@@ -3,10 +3,9 @@ of later collections, and collect_cycles() still freeing cycles among them."""
 from __future__ import annotations
 
 from agent.memory import collect_cycles
-from agent.run.reconcile import Reconciler
 from agent.settings import Settings
 from tests.builders import eip, rule
-from tests.fakenft import FakeNft, edges
+from tests.fakenft import FakeNft, edges, wired
 from tests.sources import Store
 
 SETTINGS = Settings(gateway="gw1", conntrack=False)
@@ -30,7 +29,7 @@ def test_a_sync_freezes_what_it_kept_and_collect_cycles_still_frees_cycles() -> 
         store = Store()
         store.put(eip("eip-a", "172.18.0.10"))
         store.put(rule("r", 80, "10.0.1.1", eip_name="eip-a"))
-        reconciler = Reconciler(SETTINGS, *edges(FakeNft()))
+        reconciler = wired(SETTINGS, *edges(FakeNft()))
         gc.enable()
         reconciler.sync(store, None)
         assert gc.get_freeze_count() > 0  # the sync's survivors are out of the collector's scans

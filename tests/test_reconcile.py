@@ -16,7 +16,7 @@ from agent.run.reconcile import Reconciler
 from agent.core.render import render
 from agent.settings import Settings
 from tests.builders import eip, rule
-from tests.fakenft import FakeNft, edges
+from tests.fakenft import FakeNft, edges, wired
 from tests.sources import EIPS, Store, apply_edit
 
 SETTINGS = Settings(gateway="gw1", conntrack=False)
@@ -40,8 +40,8 @@ def test_partial_syncs_match_full_syncs(history: list[tuple[Any, ...]], every: i
     for name, address in EIPS.items():
         store.put(eip(name, address))
     settings = Settings(gateway="gw1", conntrack=False, retire_delay=0.0)
-    partial = Reconciler(settings, *edges(FakeNft()))
-    full = Reconciler(settings, *edges(FakeNft()))
+    partial = wired(settings, *edges(FakeNft()))
+    full = wired(settings, *edges(FakeNft()))
     partial.sync(store, None)
     full.sync(ListCatalog(store.objects()))
     store.take()
@@ -72,7 +72,7 @@ def test_one_change_among_many_touches_only_its_identity() -> None:
         for b in range(4):
             store.put(rule(f"r{i}-{b}", 1000 + i, f"10.0.{b}.{i % 250 + 1}", eip_name="eip-a"))
     backend = FakeNft()
-    reconciler = Reconciler(SETTINGS, *edges(backend))
+    reconciler = wired(SETTINGS, *edges(backend))
     reconciler.sync(store, None)
     store.take()
     store.put(rule("r7-2", 1007, "10.9.9.9", eip_name="eip-a"))
@@ -97,7 +97,7 @@ def test_only_others_changes_to_the_agents_table_are_drift() -> None:
     store.put(eip("eip-a", "172.18.0.10"))
     store.put(rule("r", 80, "10.0.1.1", eip_name="eip-a"))
     backend = FakeNft()
-    reconciler = Reconciler(SETTINGS, *edges(backend))
+    reconciler = wired(SETTINGS, *edges(backend))
     reconciler.sync(store, None)
     reads = reconciler.view.reads
     assert len(backend.texts) == 1 and len(backend.batches) == 1
@@ -121,7 +121,7 @@ def test_what_others_commit_while_a_large_sync_does_not_listen_is_read_back_and_
     store.put(eip("eip-a", "172.18.0.10"))
     store.put(rule("r", 80, "10.0.1.1", eip_name="eip-a"))
     backend = FakeNft()
-    reconciler = Reconciler(SETTINGS, *edges(backend))
+    reconciler = wired(SETTINGS, *edges(backend))
     agents = backend.json_cmd
 
     def then_someone_else(doc: Any) -> Any:
@@ -135,7 +135,7 @@ def test_what_others_commit_while_a_large_sync_does_not_listen_is_read_back_and_
     backend.json_cmd = then_someone_else  # type: ignore[method-assign]
     reconciler.sync(store, None)  # two transactions (text, JSON): large, so deaf
     clean = FakeNft()
-    Reconciler(SETTINGS, *edges(clean)).sync(store, None)
+    wired(SETTINGS, *edges(clean)).sync(store, None)
     assert reconciler.view.deaf_windows == 1 and backend.dump() != clean.dump()
     reads = reconciler.view.reads
     assert reconciler.check_drift() is False  # repaired from a read-back of everything
@@ -156,7 +156,7 @@ def programmed(settings: Settings = FAST) -> tuple[FakeNft, Reconciler, Store]:
     backend, store = FakeNft(), Store()
     for obj in web_objects():
         store.put(obj)
-    reconciler = Reconciler(settings, *edges(backend))
+    reconciler = wired(settings, *edges(backend))
     reconciler.sync(store, None)
     store.take()
     backend.pin("natgw", "aff_0", PINNED)  # a client the data path pinned to slot 0
@@ -165,7 +165,7 @@ def programmed(settings: Settings = FAST) -> tuple[FakeNft, Reconciler, Store]:
 
 def test_a_restarted_agent_sends_nothing_to_an_unchanged_table() -> None:
     backend, reconciler, store = programmed()
-    again = Reconciler(FAST, *edges(backend))
+    again = wired(FAST, *edges(backend))
     assert again.sync(store, None).commands == 0 and again.mirror == reconciler.mirror
     assert PINNED in backend.entries("natgw", "aff_0")
 
@@ -223,7 +223,7 @@ def test_a_settings_change_redeclares_in_one_transaction_keeping_elements_and_pi
     before = reconciler.view.read()
     changed = Settings(gateway="gw1", conntrack=False, affinity_set_size=1024, priority=-161)
     batches = len(backend.batches)
-    Reconciler(changed, *edges(backend)).sync(store, None)
+    wired(changed, *edges(backend)).sync(store, None)
     assert len(backend.batches) == batches + 1 and not backend.texts[1:]  # one JSON transaction, no text
     after = reconciler.view.read()
     assert {n: d.get("size") for n, d in after.sets.items() if n.startswith("aff_")} == {"aff_0": 1024, "aff_1": 1024}
@@ -294,3 +294,42 @@ def test_applying_a_plan_to_a_table_holding_a_leaves_it_holding_b(first: list[An
         nft.apply(plan(a, b, "ip", "natgw", text_maps=text_maps))
         nft.apply(retire(stale_chains(a, b), "ip", "natgw"))
         assert view.read() == b
+
+
+@pytest.mark.parametrize("version", ["1.0.6", "1.1.3"])
+def test_the_preview_is_what_a_full_sync_sends(version: str, web_objects: list[Any]) -> None:
+    """`render` and `diff` print the Planner's preview: from empty and after a change, it
+    holds exactly the commands the reconciler's next full sync sends."""
+    from agent.kernel.caps import probe
+    from agent.ops.report import Reporter
+    from agent.run.planner import Planner
+
+    fake = FakeNft(version)
+    caps = probe(*edges(fake), "ip", "natgw")
+    reconciler = wired(SETTINGS, *edges(fake), caps)
+    for objects in (web_objects, [*web_objects, rule("web-b", 81, "10.0.1.12")]):
+        shown = Planner(SETTINGS, caps).preview(ListCatalog(objects), fake.view().read(), Reporter())
+        reconciler.request_full_sync()
+        assert reconciler.sync(ListCatalog(objects)).commands == len(shown) > 0
+        assert fake.batches[-1] == list(shown.phases[-1].commands)  # its one JSON transaction (1.0.6: after the text)
+
+
+def _constructed(module: str) -> set[str]:
+    import ast
+
+    from tests.builders import ROOT
+
+    tree = ast.parse((ROOT / "agent" / "run" / f"{module}.py").read_text())
+    return {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+
+
+IO_MAKERS = {"Cleanup", "Nft", "KernelView", "Conntrack", "StatusServer", "EventRecorder"}
+
+
+@pytest.mark.parametrize("module", ["reconcile", "planner"])
+def test_the_reconciler_makes_no_collaborator_of_its_own(module: str) -> None:
+    assert _constructed(module) & IO_MAKERS == set()  # the daemon's wiring (agent/run/daemon.py) makes them, once
+
+
+def test_the_collaborator_contract_can_fail() -> None:
+    assert {"Cleanup", "Nft", "KernelView"} <= _constructed("daemon")

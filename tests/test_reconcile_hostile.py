@@ -7,8 +7,7 @@ from typing import Any
 from hypothesis import given, settings as hsettings
 
 from agent.core.desired import ListCatalog
-from agent.run.reconcile import Reconciler
-from tests.fakenft import FakeNft, edges
+from tests.fakenft import FakeNft, edges, wired
 from tests.hostile import HYPO, SETTINGS, check_commands, edits, source_key
 
 @hsettings(max_examples=150, **HYPO)
@@ -18,7 +17,7 @@ def test_every_batch_the_reconciler_sends_is_clean(history: list[tuple[Any, ...]
     every transaction it would send is walked like the rendered plan."""
     store: dict[int, Any] = {}
     backend = FakeNft()
-    reconciler = Reconciler(SETTINGS, *edges(backend))
+    reconciler = wired(SETTINGS, *edges(backend))
     reconciler.sync(ListCatalog([]), None)
     for edit in history:
         slot = edit[1]

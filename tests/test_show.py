@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from agent.kernel.caps import Capabilities
-from agent.cli import _agent_status
+from agent.ops.status import agent_status
 from agent.sources.crd import CRD_NAME
 from agent.run.crdcheck import CrdCheck
 from agent.ops.health import Health
@@ -21,7 +21,7 @@ def shown(tmp_path: Path, health: Health) -> str:
     """`show`'s text for a running agent with this health (and no table yet)."""
     server = StatusServer(tmp_path / "agent.sock", health.answer(Capabilities(nft_version="1.1.3")))
     try:
-        return format_show(None, False, _agent_status(server.path))
+        return format_show(None, False, agent_status(server.path))
     finally:
         server.close()
 

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import base64
 import json
+import signal
+import sys
+import threading
 from http.server import BaseHTTPRequestHandler
-from typing import Any
+from typing import Any, Sequence
 
 import structlog
 
-from agent.ops.httpserve import BoundedServer, respond, tls_context
+from agent.ops.httpserve import BoundedServer, host_port, respond, tls_context
 from agent.deploy.inject import Options, patch
 
 log = structlog.get_logger()
@@ -59,3 +62,27 @@ def serve(address: tuple[str, int], cert: str, key: str, options: Options) -> Bo
             pass
 
     return BoundedServer(address, Handler, limit=MAX_CONCURRENT, timeout=10.0, tls=tls_context(cert, key)).start("webhook")
+
+
+def run(*, listen: str, tls_cert: str, tls_key: str, agent_image: str, service_account: str, api_host: str,
+        api_port: str, agent_args: Sequence[str], api_network: str, api_routes: Sequence[str]) -> int:
+    """`natgw-agent inject`: serve until SIGTERM or SIGINT; 2 for options that do not go
+    together (said on stderr)."""
+    if not agent_image:
+        print("natgw-agent inject: --agent-image (or NATGW_AGENT_IMAGE) is required", file=sys.stderr)
+        return 2
+    routes = tuple(tuple(r.split("=", 1)) for r in api_routes)
+    if any(len(r) != 2 or not all(r) for r in routes) or (routes and not api_network):
+        print("natgw-agent inject: --api-route takes DST=GW, and needs --api-network", file=sys.stderr)
+        return 2
+    options = Options(image=agent_image, service_account=service_account, api_host=api_host, api_port=api_port,
+                      extra_args=tuple(agent_args), api_network=api_network,
+                      api_routes=routes)  # type: ignore[arg-type]
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    server = serve(host_port(listen), tls_cert, tls_key, options)
+    log.info("admission webhook serving", address=listen, image=agent_image)
+    stop.wait()
+    server.shutdown()
+    return 0

@@ -3,11 +3,37 @@ one block per identity, with per-backend counters and pinned-client counts."""
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 from typing import Any
 
+from agent.kernel.nfnetlink import NetlinkError
 from agent.kernel.view import KernelView
 from agent.core.layout import backend_counters, goto_target, parse_target, pinned_clients, served, slots_of
 from agent.core.model import Backend
+from agent.ops.status import agent_status, query
+
+
+def show(table: str, only: str | None, as_json: bool, sock: Path) -> int:
+    """`natgw-agent show`: the kernel's table read back, with the running agent's status
+    (asked at `sock`) when one answers."""
+    try:
+        found = inspect(KernelView("ip", table, subscribe=False), only)
+    except (NetlinkError, OSError) as err:
+        print(f"natgw-agent: cannot read the table: {err}", file=sys.stderr)
+        return 1
+    sys.stdout.write(format_show(found, as_json, agent_status(sock)))
+    return 0
+
+
+def show_memory(sock: Path) -> int:
+    """`natgw-agent show --memory`: the running agent's own account of its memory (JSON)."""
+    try:
+        print(json.dumps(query(sock, "memory", timeout=30.0), indent=2))
+    except (OSError, ValueError) as err:
+        print(f"natgw-agent: no agent answered at {sock}: {err}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def inspect(view: KernelView, only: str | None = None) -> list[dict[str, Any]] | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import threading
 from pathlib import Path
 from typing import Any, Callable
@@ -75,3 +76,23 @@ def query(path: Path, what: str, timeout: float = 1.0) -> dict[str, Any]:
     if not isinstance(answer, dict):
         raise OSError(f"unexpected answer from {path}")
     return answer
+
+
+def agent_status(path: Path) -> dict[str, Any] | None:
+    """The running agent's status (capabilities, problems), None if none answers."""
+    try:
+        return query(path, "status")
+    except (OSError, ValueError):
+        return None
+
+
+def health(path: Path, what: str, timeout: float) -> int:
+    """`natgw-agent health`, an exec probe: asks the agent's status socket, never the kernel
+    or the network; prints the answer, returns 0 if it says ok, else 1."""
+    try:
+        answer = query(path, what, timeout)
+    except (OSError, ValueError) as err:
+        print(f"natgw-agent health: no answer from {path}: {err}", file=sys.stderr)
+        return 1
+    print(json.dumps(answer))
+    return 0 if answer.get("ok") else 1

@@ -1,6 +1,7 @@
 """The pipeline, run once per change: objects -> model -> desired -> render -> plan ->
 one transaction -> cleanup and report. The Reconciler owns the mirror of the agent's
-table; the loop that drives it is agent/run/loop.py."""
+table and plans through its Planner (agent/run/planner.py, the pure half); the loop that
+drives it is agent/run/loop.py; agent/run/daemon.py wires it to the kernel."""
 from __future__ import annotations
 
 import time
@@ -9,20 +10,19 @@ from typing import Any, Callable, ContextManager, Iterable, Protocol
 
 import structlog
 
-from agent.kernel.caps import UNPROBED, Capabilities
 from agent.run.cleanup import Cleanup, Slice
-from agent.core.desired import Catalog, DesiredState, ListCatalog, ObjectKey
+from agent.core.desired import Catalog, ListCatalog, ObjectKey
 from agent.errors import ApplyError
 from agent.kernel.view import Damage
 from agent.core.layout import identity_key
 from agent.core.leftovers import leftovers
 from agent.core.legacy import LEGACY_TABLE, takeover_commands
 from agent.memory import gc_paused, trim
-from agent.core.model import Backend, Identity
 from agent.kernel.nft import Nft
-from agent.core.plan import Plan, chunked, element_count, one_transaction, plan, retire, stale_chains
-from agent.core.render import Change, Renderer, hairpin_of
+from agent.core.plan import Plan, element_count, one_transaction, retire, stale_chains
+from agent.core.render import Change
 from agent.ops.report import Reporter
+from agent.run.planner import Planner
 from agent.core.ruleset import EMPTY, ElemKey, Ruleset, key_json, patched
 from agent.settings import Settings
 
@@ -64,17 +64,16 @@ class Reconciler:
     they touch (kube-proxy's partial sync); the first sync, one after a failure, a relist
     or a periodic resync is a full one."""
 
-    def __init__(self, settings: Settings, nft: Nft, view: View, cleanup: Cleanup | None = None,
-                 reporter: Reporter | None = None, caps: Capabilities = UNPROBED) -> None:
+    def __init__(self, settings: Settings, nft: Nft, view: View, planner: Planner, cleanup: Cleanup,
+                 reporter: Reporter) -> None:
         self.settings = settings
         self.nft = nft
         self.view = view
-        self.caps = caps
-        # Without one given (unit tests): affinity entries read through the view, no conntrack.
-        self.cleanup = cleanup or Cleanup(self.backends, None, lambda: view, settings.cleanup_slice)
-        self.reporter = reporter or Reporter()
-        self.state = DesiredState(settings.gateway, settings.max_backends, settings.max_identities)
-        self.renderer = Renderer(settings.affinity_set_size, settings.priority, hairpin_of(settings))
+        self.planner = planner
+        self.cleanup = cleanup  # made with planner.backends: its thread asks which backends an identity has
+        self.reporter = reporter
+        self.caps = planner.caps
+        self.state = planner.state  # the desired state (the loop reports its errors)
         self.mirror: Ruleset | None = None
         self._full = True  # read the kernel back before the next plan
         self._retiring: dict[str, float] = {}  # emptied chain -> when
@@ -82,12 +81,6 @@ class Reconciler:
 
     def request_full_sync(self) -> None:
         self._full = True
-
-    def backends(self, identity: Identity) -> tuple[Backend, ...] | None:
-        """An identity's backends as desired now (None: not served). The cleanup thread
-        asks too: one dict get(), atomic, of whichever services dict is current."""
-        service = self.state.services.get(identity)
-        return None if service is None else service.backends
 
     def sync(self, catalog: Catalog | Iterable[Any], changed: Iterable[ObjectKey] | None = None) -> SyncResult:
         """Bring the kernel to the desired state of the catalog's objects; `changed` names
@@ -106,14 +99,12 @@ class Reconciler:
             if self.settings.take_over_legacy:
                 self._legacy = self.view.read_other(LEGACY_TABLE)
         if changed is None or self._full or self.mirror is None:
-            self.state.rebuild(catalog)
-            change = self.renderer.full(self.state.services, self.mirror, self.cleanup.blocked)
+            change = self.planner.whole(catalog, self.mirror, self.cleanup.blocked)
         else:
-            change = self.renderer.partial(self.state.services, self.state.update(catalog, changed), self.mirror,
-                                           self.cleanup.blocked)
+            change = self.planner.partial(catalog, changed, self.mirror, self.cleanup.blocked)
         self._full = False
         self.reporter.report(self.state.errors, self.state.notes)
-        todo = self._plan(self.mirror if change.full else change.before, change.wanted)
+        todo = self.planner.plan(self.mirror if change.full else change.before, change.wanted)
         todo = todo.then(self._legacy_takeover())
         try:
             self._apply(todo)
@@ -141,15 +132,11 @@ class Reconciler:
 
     def _commit(self, change: Change) -> None:
         """The kernel took the change: make the mirror say so."""
-        self.renderer.commit(change)
+        self.planner.commit(change)
         if change.full or self.mirror is None:
             self.mirror = change.wanted
         else:
             self.mirror = patched(self.mirror, change.before, change.wanted)
-
-    def _plan(self, current: Ruleset | None, wanted: Ruleset) -> Plan:
-        todo = plan(current, wanted, self.nft.family, self.nft.table, text_maps=not self.caps.json_concat_maps)
-        return chunked(todo, self.settings.max_transaction_elements)
 
     def _legacy_takeover(self) -> list[dict[str, Any]]:
         if not self.settings.take_over_legacy:
@@ -193,7 +180,7 @@ class Reconciler:
             current = self.view.read()
         else:
             current = self.view.reread(damage, self.mirror)
-        repair = self._plan(current, self.mirror)
+        repair = self.planner.plan(current, self.mirror)
         if not repair:
             return False
         log.warning("drift: the kernel differs from what the agent programmed; repairing", commands=len(repair),
@@ -263,21 +250,3 @@ class Reconciler:
         verb = "destroy" if self.caps.destroy else "delete"
         ref = {"family": self.nft.family, "table": self.nft.table, "name": piece.set_name}
         return {verb: {"element": {**ref, "elem": [key_json(k) for k in piece.keys]}}}
-
-
-def connected(settings: Settings, reporter: Reporter | None = None) -> Reconciler:
-    """A reconciler on this network namespace's kernel: libnftables to write, its own
-    netlink to read and follow changes, the capabilities probed (and logged)."""
-    from agent.kernel.caps import probe
-    from agent.kernel.ctnetlink import Conntrack
-    from agent.kernel.view import KernelView
-
-    view = KernelView("ip", settings.table, also=(LEGACY_TABLE,) if settings.take_over_legacy else ())
-    nft = Nft("ip", settings.table)
-    caps = probe(nft, view, "ip", settings.table)
-    log.info("capabilities", **caps.as_dict())
-    reconciler = Reconciler(settings, nft, view, reporter=reporter, caps=caps)
-    # The cleanup thread's own sockets, made in its thread (so in this namespace too).
-    reconciler.cleanup = Cleanup(reconciler.backends, Conntrack if settings.conntrack else None,
-                                 lambda: KernelView("ip", settings.table, subscribe=False), settings.cleanup_slice)
-    return reconciler

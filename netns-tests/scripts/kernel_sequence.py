@@ -10,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from agent.run.reconcile import connected  # noqa: E402
+from agent.run.daemon import connected  # noqa: E402
 from agent.settings import Settings  # noqa: E402
 from tests.builders import eip  # noqa: E402
 from tests.sources import EIPS, Store, apply_edit  # noqa: E402

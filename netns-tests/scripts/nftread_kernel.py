@@ -34,7 +34,7 @@ from agent.kernel import nftread  # noqa: E402
 from agent.core.desired import desired_services  # noqa: E402
 from agent.sources.directory import DirectorySource  # noqa: E402
 from agent.core.model import build_inventory  # noqa: E402
-from agent.run.reconcile import connected  # noqa: E402
+from agent.run.daemon import connected  # noqa: E402
 from agent.core.render import render  # noqa: E402
 from agent.core.ruleset import EMPTY, Ruleset, from_listing  # noqa: E402
 from agent.settings import Settings  # noqa: E402

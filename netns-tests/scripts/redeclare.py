@@ -18,7 +18,8 @@ from agent.kernel.caps import probe  # noqa: E402
 from agent.kernel.view import KernelView  # noqa: E402
 from agent.kernel.nft import Nft  # noqa: E402
 from agent.core.plan import plan  # noqa: E402
-from agent.run.reconcile import Reconciler  # noqa: E402
+from agent.ops.report import Reporter  # noqa: E402
+from agent.run.daemon import assemble  # noqa: E402
 from agent.core.layout import key_identity, slots_of  # noqa: E402
 from agent.core.plan import one_transaction  # noqa: E402
 from agent.settings import Settings  # noqa: E402
@@ -52,11 +53,11 @@ def main(mode: str) -> None:
                                                         "elem": [{"concat": [CLIENT, *APP]}]}}}]))  # a client pinned to slot 0
         changed = Settings(gateway="gw1", conntrack=False)
     else:
-        Reconciler(Settings(gateway="gw1", conntrack=False), nft, view, caps=caps).sync(source.objects())
+        assemble(Settings(gateway="gw1", conntrack=False), nft, view, caps, Reporter(), None, lambda: view).sync(source.objects())
         changed = Settings(gateway="gw1", conntrack=False, affinity_set_size=1024, priority=-161)
     before = view.read()
     first = nft.transactions
-    reconciler = Reconciler(changed, nft, view, caps=caps)
+    reconciler = assemble(changed, nft, view, caps, Reporter(), None, lambda: view)
     reconciler.sync(source.objects())
     after = view.read()
     assert before is not None and after is not None and reconciler.mirror is not None
