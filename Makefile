@@ -14,7 +14,7 @@ DEBIAN13_VENV := .venv-debian13
 SID_ROOT ?= /var/tmp/natgw-agent-sid
 SID_VENV := .venv-sid
 
-.PHONY: deps run test test-here test-debian13 test-sid unit netns bench bench-busy bench-busy-debian13 bench-busy-report \
+.PHONY: deps run image test test-here test-debian13 test-sid unit netns bench bench-busy bench-busy-debian13 bench-busy-report \
 	bench-cleanup bench-cleanup-report bench-footprint clean
 
 # Debian packages (the nftables binding is only packaged by the distro), then a virtualenv
@@ -33,6 +33,12 @@ $(STAMP): pyproject.toml Makefile
 
 run: deps
 	$(PY) -m lab.demo
+
+# The agent's image, from Debian's packages and this tree's wheel (images/build.sh), as
+# localhost/natgw-agent:dev unless IMAGE= says otherwise.
+IMAGE ?= localhost/natgw-agent:dev
+image: deps
+	PYTHON=$(PY) images/build.sh $(IMAGE)
 
 # All tests: this system's suite, then the same suite in the Debian 13 root and in the sid
 # root (one after the other, never at once: all use the kernel's nftables and network
