@@ -70,28 +70,23 @@ def generation(sock: NfSocket) -> int:
     return nl.get_be32(m.attrs()[NFTA_GEN_ID])
 
 
-def dump_table(sock: NfSocket, family: int, table: str, elements: bool = True,
-               record: list[bytes] | None = None) -> tuple[TableState | None, bool]:
+def dump_table(sock: NfSocket, family: int, table: str, elements: bool = True) -> tuple[TableState | None, bool]:
     """One pass over the table's objects: (state or None if the table does not exist,
-    whether any dump was interrupted). `record` collects every message's raw bytes."""
+    whether any dump was interrupted)."""
     interrupted = False
 
     def run(dump: nl.Dump) -> list[Message]:
         nonlocal interrupted
         msgs = list(dump)
         interrupted |= dump.interrupted
-        if record is not None:
-            record.extend(m.raw for m in msgs)
         return msgs
 
     try:
-        answer = sock.request(NFT_MSG_GETTABLE, family, [nl.attr_str(NFTA_TABLE_NAME, table)])
+        sock.request(NFT_MSG_GETTABLE, family, [nl.attr_str(NFTA_TABLE_NAME, table)])
     except NetlinkError as err:
         if err.errno == errnos.ENOENT:
             return None, False
         raise
-    if record is not None and answer is not None:
-        record.append(answer.raw)
     set_msgs = run(sock.dump(NFT_MSG_GETSET, family, [nl.attr_str(NFTA_SET_TABLE, table)]))
     elem_msgs: dict[str, list[Message]] = {}
     infos = decode_sets(set_msgs)
