@@ -37,6 +37,8 @@ from typing import Any
 
 from agent.kernel import nfnetlink as nl
 from agent.kernel import nftread as nr
+from agent.kernel import nftuapi as uapi
+from agent.kernel.nftobjects import decode_set, elements_of
 from agent.kernel.view import KernelView
 from agent.kernel.nfnetlink import NetlinkError, NfSocket
 from agent.core.ruleset import Elem, Ruleset, element
@@ -62,24 +64,23 @@ class Probe:
         the kernel by its key (NFT_MSG_GETSETELEM without a dump: what `nft get element`
         does), decoded as agent.kernel.nftread decodes a dump; None if it is not there. A 10,000
         element map dumped and decoded whole takes ~0.2 s, this well under a ms."""
-        fam = nr.FAMILIES[FAMILY]
-        info = nr.decode_set(self.sock.request(nr.GETSET, fam, [nl.attr_str(nr.SET_TABLE, TABLE),
-                                                                 nl.attr_str(nr.SET_NAME, name)]).attrs(), fam)
+        fam = uapi.FAMILIES[FAMILY]
+        info = decode_set(self.sock.request(uapi.NFT_MSG_GETSET, fam, [nl.attr_str(uapi.NFTA_SET_TABLE, TABLE),
+                                                                       nl.attr_str(uapi.NFTA_SET_NAME, name)]).attrs(), fam)
         eip, proto, port = key
         raw = socket.inet_aton(eip) + struct.pack("=B3x", socket.getprotobyname(proto)) + struct.pack("!H2x", port)
-        elements = nl.attr_nested(nr.ELIST_ELEMENTS, [nl.attr_nested(nr.LIST_ELEM, [
-            nl.attr_nested(nr.ELEM_KEY, [nl.attr_bytes(nr.DATA_VALUE, raw)])])])
+        elements = nl.attr_nested(uapi.NFTA_SET_ELEM_LIST_ELEMENTS, [nl.attr_nested(uapi.NFTA_LIST_ELEM, [
+            nl.attr_nested(uapi.NFTA_SET_ELEM_KEY, [nl.attr_bytes(uapi.NFTA_DATA_VALUE, raw)])])])
         try:
-            m = self.sock.request(nr.GETSETELEM, fam, [nl.attr_str(nr.ELIST_TABLE, TABLE),
-                                                        nl.attr_str(nr.ELIST_SET, name), elements])
+            m = self.sock.request(uapi.NFT_MSG_GETSETELEM, fam, [nl.attr_str(uapi.NFTA_SET_ELEM_LIST_TABLE, TABLE),
+                                                                  nl.attr_str(uapi.NFTA_SET_ELEM_LIST_SET, name), elements])
         except NetlinkError as err:
             if err.errno == errno.ENOENT:
                 return None
             raise
         if m is None:
             return None
-        found = [e for t, x, y in nl.iter_attrs(m.buf, m.start, m.end) if t == nr.ELIST_ELEMENTS
-                 for e in nr.decode_elements(m.buf, x, y, info)]
+        found = elements_of([m], info)
         return next((element(e.value, e.comment) for e in found if e.key == tuple(key)), None)
 
     def _partial_equal(self, watch: list[tuple[str, tuple[str, str, int]]]) -> bool:

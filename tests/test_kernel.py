@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from agent.kernel import nfnetlink as nl
-from agent.kernel import nftread
-from agent.kernel.view import NONE, Damage, _after, damage_of, reread
+from agent.kernel import nftuapi as uapi
+from agent.kernel.nftread import commits_after
+from agent.kernel.view import NONE, Damage, damage_of, reread
 from agent.core.ruleset import Elem, Ruleset
 from tests.builders import rendered, web_objects
 
@@ -49,18 +50,18 @@ def test_another_tables_commits_are_nothing_unless_watched(notes: dict[str, Any]
 
 def test_lost_notifications_or_a_table_change_mean_everything(notes: dict[str, Any]) -> None:
     assert damage_of([], "ip", "natgw", set(), overrun=True)[0].everything
-    recreated = [m for m in messages(notes["nft"]) if m.msg in (nftread.NEWTABLE, nftread.DELTABLE)]
+    recreated = [m for m in messages(notes["nft"]) if m.msg in (uapi.NFT_MSG_NEWTABLE, uapi.NFT_MSG_DELTABLE)]
     assert damage_of(recreated, "ip", "other", set())[0].everything
 
 
 def test_affinity_entries_are_not_damage() -> None:
     def note(msg: int, table: str, set_name: str) -> nl.Message:
-        raw = nl.build_message(nl.nft_type(msg), 0, 0, 2, nl.attr_str(nftread.ELIST_TABLE, table)
-                               + nl.attr_str(nftread.ELIST_SET, set_name))
+        raw = nl.build_message(nl.nft_type(msg), 0, 0, 2, nl.attr_str(uapi.NFTA_SET_ELEM_LIST_TABLE, table)
+                               + nl.attr_str(uapi.NFTA_SET_ELEM_LIST_SET, set_name))
         (m,) = nl.split_messages(raw)
         return m
 
-    found, _ = damage_of([note(nftread.DELSETELEM, "natgw", "aff_0"), note(nftread.DELSETELEM, "natgw", "backend_0")],
+    found, _ = damage_of([note(uapi.NFT_MSG_DELSETELEM, "natgw", "aff_0"), note(uapi.NFT_MSG_DELSETELEM, "natgw", "backend_0")],
                          "ip", "natgw", set())
     assert found.elements == {"backend_0"}
 
@@ -68,11 +69,11 @@ def test_affinity_entries_are_not_damage() -> None:
 def test_after_keeps_only_commits_past_the_read(notes: dict[str, Any]) -> None:
     commits = notes["binding"]
     msgs = messages(commits)
-    gens = [nl.get_be32(m.attrs()[nftread.GEN_ID]) for m in msgs if m.msg == nftread.NEWGEN]
+    gens = [nl.get_be32(m.attrs()[uapi.NFTA_GEN_ID]) for m in msgs if m.msg == uapi.NFT_MSG_NEWGEN]
     assert len(gens) == len(commits)
-    assert _after(msgs, gens[-1]) == []
-    kept = _after(msgs, gens[0])  # the first commit was read; the later ones were not
-    assert kept == [m for m in messages(commits[1:]) if m.msg != nftread.NEWGEN]
+    assert commits_after(msgs, gens[-1]) == []
+    kept = commits_after(msgs, gens[0])  # the first commit was read; the later ones were not
+    assert kept == [m for m in messages(commits[1:]) if m.msg != uapi.NFT_MSG_NEWGEN]
 
 
 def test_reread_replaces_only_what_was_damaged() -> None:

@@ -34,7 +34,6 @@ AF_INET = 2
 DELETE_BATCH = 256  # deletes per datagram: ~90 bytes each, well inside a default send buffer
 
 _U32 = struct.Struct("=I")  # CTA_FILTER's flags are in host order
-_BE16 = struct.Struct("!H")
 
 
 class Conntrack(nl.NfSocket):
@@ -83,7 +82,7 @@ def filter_attrs(query: Query) -> list[bytes]:
     ports = [nl.attr_bytes(CTA_PROTO_NUM, bytes([query.proto]))]
     flags = FILTER_IP_DST | FILTER_PROTO_NUM
     if query.port is not None:
-        ports.append(nl.attr_bytes(CTA_PROTO_DST_PORT, _BE16.pack(query.port)))
+        ports.append(nl.attr_bytes(CTA_PROTO_DST_PORT, nl.BE16.pack(query.port)))
         flags |= FILTER_PROTO_DST_PORT
     return [_tuple([nl.attr_bytes(CTA_IP_V4_DST, socket.inet_aton(query.eip))], ports),
             nl.attr_nested(CTA_FILTER, [nl.attr_bytes(CTA_FILTER_ORIG_FLAGS, _U32.pack(flags))])]
@@ -93,10 +92,10 @@ def delete_attrs(flow: Flow) -> bytes:
     parts = [_tuple([nl.attr_bytes(CTA_IP_V4_SRC, socket.inet_aton(flow.src)),
                      nl.attr_bytes(CTA_IP_V4_DST, socket.inet_aton(flow.dst))],
                     [nl.attr_bytes(CTA_PROTO_NUM, bytes([flow.proto])),
-                     nl.attr_bytes(CTA_PROTO_SRC_PORT, _BE16.pack(flow.sport)),
-                     nl.attr_bytes(CTA_PROTO_DST_PORT, _BE16.pack(flow.dport))])]
+                     nl.attr_bytes(CTA_PROTO_SRC_PORT, nl.BE16.pack(flow.sport)),
+                     nl.attr_bytes(CTA_PROTO_DST_PORT, nl.BE16.pack(flow.dport))])]
     if flow.zone:
-        parts.append(nl.attr_bytes(CTA_ZONE, _BE16.pack(flow.zone)))
+        parts.append(nl.attr_bytes(CTA_ZONE, nl.BE16.pack(flow.zone)))
     if flow.id is not None:
         parts.append(nl.attr_be32(CTA_ID, flow.id))
     return b"".join(parts)
@@ -140,7 +139,7 @@ def _decode_tuple(buf: bytes, start: int, end: int) -> tuple:
                 if u == CTA_PROTO_NUM:
                     proto = buf[x]
                 elif u == CTA_PROTO_SRC_PORT:
-                    sport = _BE16.unpack_from(buf, x)[0]
+                    sport = nl.BE16.unpack_from(buf, x)[0]
                 elif u == CTA_PROTO_DST_PORT:
-                    dport = _BE16.unpack_from(buf, x)[0]
+                    dport = nl.BE16.unpack_from(buf, x)[0]
     return src, dst, proto, sport, dport

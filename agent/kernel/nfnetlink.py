@@ -1,8 +1,8 @@
 """nfnetlink transport (nf_tables, and conntrack's ctnetlink): raw AF_NETLINK sockets
 and the attribute codec.
 
-No nftables or conntrack semantics here (agent/kernel/nftread.py and agent/kernel/ctnetlink.py decode
-objects). Three pieces:
+No nftables or conntrack semantics here (agent/kernel/nftread.py with its decoders and
+agent/kernel/ctnetlink.py decode objects). Three pieces:
 
 - `NfSocket`: requests, batches of acked requests and multipart dumps over one
   NETLINK_NETFILTER socket, for one nfnetlink subsystem. A netlink
@@ -60,10 +60,10 @@ NFNETLINK_V0 = 0
 
 _NLMSGHDR = struct.Struct("=IHHII")  # len, type, flags, seq, pid
 _NFGENMSG = struct.Struct("=BBH")  # family, version, res_id (big endian: read apart)
-_NLA = struct.Struct("=HH")
-_BE16 = struct.Struct("!H")
-_BE32 = struct.Struct("!I")
-_BE64 = struct.Struct("!Q")
+NLA = struct.Struct("=HH")  # an attribute's header: length, type
+BE16 = struct.Struct("!H")
+BE32 = struct.Struct("!I")
+BE64 = struct.Struct("!Q")
 _ERR = struct.Struct("=i")
 HDR_LEN = _NLMSGHDR.size + _NFGENMSG.size  # 20: where a nf_tables message's attributes start
 
@@ -133,7 +133,7 @@ def iter_attrs(buf: bytes, start: int = 0, end: int | None = None) -> Iterator[t
     if end is None:
         end = len(buf)
     off = start
-    unpack = _NLA.unpack_from
+    unpack = NLA.unpack_from
     while off + 4 <= end:
         length, typ = unpack(buf, off)
         if length < 4 or off + length > end:
@@ -159,15 +159,15 @@ def get_str(value: bytes) -> str:
 
 
 def get_be16(value: bytes) -> int:
-    return int(_BE16.unpack_from(value)[0])
+    return int(BE16.unpack_from(value)[0])
 
 
 def get_be32(value: bytes) -> int:
-    return int(_BE32.unpack_from(value)[0])
+    return int(BE32.unpack_from(value)[0])
 
 
 def get_be64(value: bytes) -> int:
-    return int(_BE64.unpack_from(value)[0])
+    return int(BE64.unpack_from(value)[0])
 
 
 def get_sbe32(value: bytes) -> int:
@@ -177,7 +177,7 @@ def get_sbe32(value: bytes) -> int:
 
 def attr_bytes(typ: int, value: bytes) -> bytes:
     length = 4 + len(value)
-    return _NLA.pack(length, typ) + value + b"\0" * (-length & 3)
+    return NLA.pack(length, typ) + value + b"\0" * (-length & 3)
 
 
 def attr_str(typ: int, value: str) -> bytes:
@@ -185,11 +185,11 @@ def attr_str(typ: int, value: str) -> bytes:
 
 
 def attr_be32(typ: int, value: int) -> bytes:
-    return attr_bytes(typ, _BE32.pack(value & 0xFFFFFFFF))
+    return attr_bytes(typ, BE32.pack(value & 0xFFFFFFFF))
 
 
 def attr_be64(typ: int, value: int) -> bytes:
-    return attr_bytes(typ, _BE64.pack(value))
+    return attr_bytes(typ, BE64.pack(value))
 
 
 def attr_nested(typ: int, children: Iterable[bytes]) -> bytes:

@@ -24,17 +24,19 @@ import structlog
 
 from agent.kernel import nfnetlink as nl
 from agent.kernel import nftread as nr
+from agent.kernel import nftuapi as uapi
 from agent.core.layout import Counters, affinity_slot, backend_counters, backend_slot
 from agent.core.ruleset import Elem, ElemKey, Ruleset, element
 
 log = structlog.get_logger()
 
-_OBJECT_NAME = {nr.NEWCHAIN: nr.CHAIN_NAME, nr.DELCHAIN: nr.CHAIN_NAME, nr.NEWRULE: nr.RULE_CHAIN,
-                nr.DELRULE: nr.RULE_CHAIN, nr.NEWSET: nr.SET_NAME, nr.DELSET: nr.SET_NAME,
-                nr.NEWSETELEM: nr.ELIST_SET, nr.DELSETELEM: nr.ELIST_SET}
-_CHAIN_MSGS = {nr.NEWCHAIN, nr.DELCHAIN, nr.NEWRULE, nr.DELRULE}
-_SET_MSGS = {nr.NEWSET, nr.DELSET}
-_ELEMENT_MSGS = {nr.NEWSETELEM, nr.DELSETELEM}
+_OBJECT_NAME = {uapi.NFT_MSG_NEWCHAIN: uapi.NFTA_CHAIN_NAME, uapi.NFT_MSG_DELCHAIN: uapi.NFTA_CHAIN_NAME,
+                uapi.NFT_MSG_NEWRULE: uapi.NFTA_RULE_CHAIN, uapi.NFT_MSG_DELRULE: uapi.NFTA_RULE_CHAIN,
+                uapi.NFT_MSG_NEWSET: uapi.NFTA_SET_NAME, uapi.NFT_MSG_DELSET: uapi.NFTA_SET_NAME,
+                uapi.NFT_MSG_NEWSETELEM: uapi.NFTA_SET_ELEM_LIST_SET, uapi.NFT_MSG_DELSETELEM: uapi.NFTA_SET_ELEM_LIST_SET}
+_CHAIN_MSGS = {uapi.NFT_MSG_NEWCHAIN, uapi.NFT_MSG_DELCHAIN, uapi.NFT_MSG_NEWRULE, uapi.NFT_MSG_DELRULE}
+_SET_MSGS = {uapi.NFT_MSG_NEWSET, uapi.NFT_MSG_DELSET}
+_ELEMENT_MSGS = {uapi.NFT_MSG_NEWSETELEM, uapi.NFT_MSG_DELSETELEM}
 # Others' notifications for the agent's table kept while a sync waits (the loop drains the
 # socket so it does not spin): beyond this many, a full read-back costs less than keeping them.
 _CARRIED_MAX = 20000
@@ -68,7 +70,7 @@ def damage_of(messages: Iterable[nl.Message], family: str, table: str, own: Coll
     sockets, opened since). Element changes of dynamic sets (affinity entries) are not
     damage: the agent never manages their contents; nor are anonymous sets', which come
     and go with the rules that hold them."""
-    fam = nr.FAMILIES[family]
+    fam = uapi.FAMILIES[family]
     chains: set[str] = set()
     sets: set[str] = set()
     elements: set[str] = set()
@@ -76,7 +78,7 @@ def damage_of(messages: Iterable[nl.Message], family: str, table: str, own: Coll
     unknown: set[int] = set()
     everything = overrun
     for m in messages:
-        if m.subsys != nl.NFNL_SUBSYS_NFTABLES or m.msg == nr.NEWGEN or m.family != fam:
+        if m.subsys != nl.NFNL_SUBSYS_NFTABLES or m.msg == uapi.NFT_MSG_NEWGEN or m.family != fam:
             continue
         name_of = nr.names_table(m)
         if name_of != table and name_of not in also:
@@ -87,7 +89,7 @@ def damage_of(messages: Iterable[nl.Message], family: str, table: str, own: Coll
         if name_of != table:
             others.add(name_of)
             continue
-        if m.msg in (nr.NEWTABLE, nr.DELTABLE):
+        if m.msg in (uapi.NFT_MSG_NEWTABLE, uapi.NFT_MSG_DELTABLE):
             everything = True
             continue
         attr = _OBJECT_NAME.get(m.msg)
@@ -153,7 +155,8 @@ class KernelView:
         self._carried, self._overrun = [], False
         state = nr.read_table(self.family, self.table, sock=self._sock, subscriber=self._sub)
         if state is not None:
-            self._carried = [m for m in _after(state.notifications, state.generation) if m.portid not in self._own]
+            self._carried = [m for m in nr.commits_after(state.notifications, state.generation)
+                            if m.portid not in self._own]
         return state
 
     def read_other(self, table: str) -> Ruleset | None:
@@ -290,24 +293,3 @@ def reread(damage: Damage, mirror: Ruleset, head: Callable[[], Ruleset | None],
                 patched[name] = found
         current = Ruleset(current.sets, current.chains, current.rules, patched)
     return current
-
-
-def _after(messages: Iterable[nl.Message], generation: int) -> list[nl.Message]:
-    """The notifications of commits after `generation` (and of one still in flight):
-    each commit's object messages come before its NEWGEN, which carries its number."""
-    carried: list[nl.Message] = []
-    batch: list[nl.Message] = []
-    for m in messages:
-        if m.subsys != nl.NFNL_SUBSYS_NFTABLES:
-            continue
-        if m.msg != nr.NEWGEN:
-            batch.append(m)
-            continue
-        try:
-            gen = nl.get_be32(m.attrs()[nr.GEN_ID])
-        except (KeyError, ValueError, nl.MalformedError):
-            gen = generation + 1  # cannot tell: keep it, a needless look at worst
-        if 0 < (gen - generation) & 0xFFFFFFFF < 0x80000000:  # later, in u32 wrap-around order
-            carried.extend(batch)
-        batch = []
-    return carried + batch

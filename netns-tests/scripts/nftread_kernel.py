@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 from agent import log  # noqa: E402
 from agent.kernel import nfnetlink as nl  # noqa: E402
 from agent.kernel import nftread  # noqa: E402
+from agent.kernel import nftuapi as uapi  # noqa: E402
 from agent.core.desired import desired_services  # noqa: E402
 from agent.sources.directory import DirectorySource  # noqa: E402
 from agent.core.model import build_inventory  # noqa: E402
@@ -38,6 +39,7 @@ from agent.run.daemon import connected  # noqa: E402
 from agent.core.render import render  # noqa: E402
 from agent.core.ruleset import EMPTY, Ruleset, from_listing  # noqa: E402
 from agent.settings import Settings  # noqa: E402
+from tests.nftnotify import Decoder  # noqa: E402
 from bench import identities as ids  # noqa: E402
 
 SETTINGS = Settings(gateway="gw1", conntrack=False)
@@ -123,7 +125,7 @@ def wait_commits(sub: nl.Subscriber, count: int, timeout: float = 10.0) -> list[
     """The notifications until `count` NEWGENs came."""
     got: list[nl.Message] = []
     deadline = time.monotonic() + timeout
-    while sum(m.msg == nftread.NEWGEN for m in got) < count and time.monotonic() < deadline:
+    while sum(m.msg == uapi.NFT_MSG_NEWGEN for m in got) < count and time.monotonic() < deadline:
         sub.wait(0.2)
         got += sub.drain().messages
     return got
@@ -174,7 +176,7 @@ def churn(n: int) -> dict[str, Any]:
                        "equals_quiet": state == before, "equals_rendered": state.ruleset() == rendered(objects),
                        "diff_quiet": diff(state.ruleset(), before.ruleset())})
         seen += watcher.drain().messages
-        dec = nftread.Decoder()
+        dec = Decoder()
         neighbour = [c for c in map(dec.decode, seen) if c.table == "other"]
         own = nl.own_portids()
         report["neighbour_messages"] = len(neighbour)
@@ -236,12 +238,12 @@ def interrupt(n: int) -> dict[str, Any]:
     before = nftread.read_table("ip", "natgw")
     assert before is not None
     report: dict[str, Any] = {}
-    with _CommitMidDump(nftread.GETCHAIN, lambda: run("add element ip other s { 7 }")) as sock:
+    with _CommitMidDump(uapi.NFT_MSG_GETCHAIN, lambda: run("add element ip other s { 7 }")) as sock:
         state = nftread.read_table("ip", "natgw", sock=sock)
     assert state is not None
     report["other_table"] = {"attempts": state.attempts, "interrupted": state.interrupted, "equals": state == before}
     key = ("172.18.9.9", "tcp", 9)
-    with _CommitMidDump(nftread.GETSETELEM,
+    with _CommitMidDump(uapi.NFT_MSG_GETSETELEM,
                         lambda: run("add element ip natgw services { 172.18.9.9 . tcp . 9 : goto lb_n4 }")) as sock:
         state = nftread.read_table("ip", "natgw", sock=sock)
     assert state is not None
@@ -271,7 +273,7 @@ def measure(n: int) -> dict[str, Any]:
         out["churn_read_s"] = churn_s
         out["churn_attempts_interrupted"] = attempts
         # CPU of draining (and decoding) the neighbour's notifications for 10 s
-        dec = nftread.Decoder()
+        dec = Decoder()
         sub.drain()
         cpu0, wall0, count = time.process_time(), time.monotonic(), 0
         while time.monotonic() - wall0 < 10.0:
@@ -282,8 +284,8 @@ def measure(n: int) -> dict[str, Any]:
         out["drain_10s_cpu_s"] = time.process_time() - cpu0
         out["drain_10s_messages"] = count
         sample = wait_commits(sub, 1)
-    neighbour_elem = next(m for m in sample if m.msg in (nftread.NEWSETELEM, nftread.DELSETELEM))
-    gen = next(m for m in sample if m.msg == nftread.NEWGEN)
+    neighbour_elem = next(m for m in sample if m.msg in (uapi.NFT_MSG_NEWSETELEM, uapi.NFT_MSG_DELSETELEM))
+    gen = next(m for m in sample if m.msg == uapi.NFT_MSG_NEWGEN)
     # one element notification of our own table (decoded: key, verdict, comment)
     import nftables
 
@@ -291,9 +293,9 @@ def measure(n: int) -> dict[str, Any]:
     with nl.Subscriber() as sub:
         rc, _out, err = ctx.cmd('add element ip natgw services { 172.18.200.1 . tcp . 1 comment "r1" : goto lb_n4 }')
         assert rc == 0, err
-        ours = next(m for m in wait_commits(sub, 1) if m.msg == nftread.NEWSETELEM)
+        ours = next(m for m in wait_commits(sub, 1) if m.msg == uapi.NFT_MSG_NEWSETELEM)
     ctx.cmd("delete element ip natgw services { 172.18.200.1 . tcp . 1 }")
-    dec = nftread.Decoder(nftread.read_table("ip", "natgw", elements=False))  # type: ignore[arg-type]
+    dec = Decoder(nftread.read_table("ip", "natgw", elements=False))  # type: ignore[arg-type]
     out["decoded_own_element"] = repr(dec.decode(ours).obj)
     for label, m in (("neighbour_element", neighbour_elem), ("newgen", gen), ("own_element", ours)):
         t0 = time.perf_counter()
