@@ -9,14 +9,14 @@ from typing import Any
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
-from agent.core.desired import ListCatalog, desired_services
-from agent.core.model import build_inventory
+from agent.core.desired import ListCatalog
 from agent.core.plan import plan
 from agent.run.reconcile import Reconciler
 from agent.core.render import render
 from agent.settings import Settings
 from tests.builders import eip, rule
 from tests.fakenft import FakeNft, edges
+from tests.oracles import build_inventory, desired_services
 from tests.sources import EIPS, Store, apply_edit
 
 SETTINGS = Settings(gateway="gw1", conntrack=False)
@@ -59,7 +59,7 @@ def test_partial_syncs_match_full_syncs(history: list[tuple[Any, ...]], every: i
         # ... and both mirrors are what their tables hold.
         assert partial.view.read() == partial.mirror and full.view.read() == full.mirror
     # The mirror is exactly what a fresh render gives for the final objects (slots kept).
-    services = desired_services(build_inventory(store.objects(), "gw1").rules, SETTINGS.max_backends).services
+    services = desired_services(build_inventory(store.given.values(), "gw1").rules, SETTINGS.max_backends).services
     assert partial.state.services == services
     fresh = render(services, partial.mirror, SETTINGS.affinity_set_size, SETTINGS.priority)
     assert plan(partial.mirror, fresh, "ip", "natgw").commands == ()
