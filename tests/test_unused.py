@@ -5,13 +5,14 @@ call belongs beside them (tests/oracles.py holds the oracles that left this way)
 Read from the source (ast), by name: a top-level definition counts as used where its module
 names it, where another agent module imports it and names it, or as `module.name` through an
 imported module; a method counts as used wherever any agent code reads an attribute of that
-name (a method cannot be traced to its class without types, so a method whose name another
+name, also as getattr(obj, "name") (a method cannot be traced to its class without types, so a method whose name another
 class uses too is taken as used: the check errs towards silence, never towards noise)."""
 from __future__ import annotations
 
 import ast
 from collections import defaultdict
 from pathlib import Path
+from typing import Collection
 
 from tests.builders import ROOT
 
@@ -22,12 +23,12 @@ ALLOWED = {
     "agent/ops/httpserve.py BoundedServer.process_request_thread",
     "agent/ops/httpserve.py BoundedServer.handle_error",
 }
-# Being split by another change of issue 20 (its notification decoder moves to tests/):
-# its definitions are not checked yet, its uses of other modules still count.
+# being split (another change of issue 20 moves its notification decoder to tests/): its
+# definitions are not checked yet; its uses of other modules still count.
 EXEMPT = {"agent/kernel/nftread.py"}
 
 
-def unused(package: Path, exempt: set[str] = frozenset()) -> list[str]:  # type: ignore[assignment]
+def unused(package: Path, exempt: Collection[str] = ()) -> list[str]:
     """Definitions in `package` (a directory) that nothing else in it uses, as
     "<path> <name>" (path relative to the package's parent, name Class.method for methods)."""
     base = package.parent
