@@ -35,9 +35,8 @@ def web_objects() -> list[dict[str, Any]]:
 def rendered(objects: list[Any], previous: Any = None) -> Any:
     """The whole table the agent renders for these objects (gateway gw1, default settings);
     slots follow `previous` (a Ruleset)."""
-    from agent.core.desired import desired_services
-    from agent.core.model import build_inventory
-    from agent.core.render import render
+    from tests.oracles import build_inventory, desired_services
+    from tests.oracles import render
     from agent.core.ruleset import EMPTY
     from agent.settings import Settings
 

@@ -556,7 +556,7 @@ class FakeView:
         return self.read_other(self.table)
 
     def read_other(self, table: str) -> Any:
-        from agent.core.ruleset import from_listing
+        from tests.oracles import from_listing
 
         rc, doc, _ = self.fake.json_cmd({"nftables": [{"list": {"table": {"family": self.family, "name": table}}}]})
         self.fake.listings -= 1

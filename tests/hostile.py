@@ -15,15 +15,16 @@ from typing import Any, Iterable
 
 from hypothesis import HealthCheck, strategies as st
 
-from agent.core.desired import DesiredState, ListCatalog, desired_services
+from agent.core.desired import DesiredState, ListCatalog
 from agent.errors import RuleError
 from agent.core.layout import BACKEND_DATA
-from agent.core.model import EIP_KIND, RULE_KIND, Rule, build_inventory
+from agent.core.model import EIP_KIND, RULE_KIND, Rule
 from agent.core.plan import document, plan
-from agent.core.render import render
+from tests.oracles import render
 from agent.core.ruleset import EMPTY
 from agent.settings import Settings
 from tests.builders import eip, rule
+from tests.oracles import build_inventory, desired_services, kept
 
 
 GW = "gw1"
@@ -181,7 +182,7 @@ def pipeline(objects: list[Any]) -> tuple[Any, Any, list[dict[str, Any]]]:
         assert service.timeout == 0 if not service.affinity else 1 <= service.timeout <= 86400
     # The incremental state's full path lands on the same result.
     state = DesiredState(GW, MAX_BACKENDS)
-    state.rebuild(ListCatalog(objects))
+    state.rebuild(ListCatalog(kept(objects)))
     assert state.services == desired.services
     assert sorted(e.key() for e in state.errors) == sorted(e.key() for e in (*inventory.errors, *desired.errors))
     assert state.notes == list(desired.notes)

@@ -9,15 +9,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agent.core.desired import desired_services
-from agent.core.model import build_inventory
-from agent.core.render import render
+from tests.oracles import render
 from agent.core.ruleset import EMPTY, Ruleset
 from agent.kernel import nfnetlink as nl
 from agent.kernel import nftread
 from agent.kernel.nftuapi import FAMILIES
 from agent.settings import Settings
 from agent.sources.directory import DirectorySource
+from tests.oracles import build_inventory, desired_services
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE_DIR = ROOT / "tests" / "fixtures" / "netlink"

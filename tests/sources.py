@@ -6,29 +6,38 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from agent.core.model import Manifest, manifest
 from tests.builders import eip, rule
 
 
 class Store:
-    """Objects by (kind, name), like a source's store, with the change set a source keeps."""
+    """Objects by (kind, name), like a source's store: as manifests (what the model reads),
+    with the change set a source keeps; `given` holds them as put, for the oracles."""
 
     def __init__(self) -> None:
-        self.items: dict[tuple[str, str], dict[str, Any]] = {}
+        self.items: dict[tuple[str, str], Manifest] = {}
+        self.given: dict[tuple[str, str], dict[str, Any]] = {}
         self.changes: set[tuple[str, str]] = set()
 
     def put(self, obj: dict[str, Any]) -> None:
         key = (obj["kind"], obj["metadata"]["name"])
-        self.items[key] = obj
+        kept = manifest(obj)
+        if kept is None:  # what the model ignores is dropped, as a source drops it
+            self.drop(*key)
+            return
+        self.items[key] = kept
+        self.given[key] = obj
         self.changes.add(key)
 
     def drop(self, kind: str, name: str) -> None:
+        self.given.pop((kind, name), None)
         if self.items.pop((kind, name), None) is not None:
             self.changes.add((kind, name))
 
-    def objects(self) -> list[dict[str, Any]]:
+    def objects(self) -> list[Manifest]:
         return list(self.items.values())
 
-    def named(self, kind: str, name: str) -> list[dict[str, Any]]:
+    def named(self, kind: str, name: str) -> list[Manifest]:
         obj = self.items.get((kind, name))
         return [obj] if obj is not None else []
 

@@ -56,6 +56,7 @@ def test_diff_plans_with_the_running_agents_capabilities_as_its_syncs_do(version
     from agent.settings import Settings
     from agent.ops.status import StatusServer
     from tests.fakenft import FakeNft, edges, wired
+    from tests.oracles import kept
 
     fake = FakeNft(version)
     caps = probe(*edges(fake), "ip", "natgw")  # as the running agent found them at its start
@@ -69,7 +70,7 @@ def test_diff_plans_with_the_running_agents_capabilities_as_its_syncs_do(version
     finally:
         server.close()
     shown = json.loads(capsys.readouterr().out)["nftables"]
-    wired(Settings(gateway="gw1", conntrack=False), *edges(fake), caps=caps).sync(ListCatalog(web_objects))
+    wired(Settings(gateway="gw1", conntrack=False), *edges(fake), caps=caps).sync(ListCatalog(kept(web_objects)))
     maps = [c["add"]["map"]["map"] for c in shown if c.get("add", {}).get("map", {}).get("name", "").startswith("backend_")]
     if caps.json_concat_maps:  # nft 1.1: one JSON transaction, exactly the one the sync sent
         assert fake.batches[-1] == shown and fake.texts == []

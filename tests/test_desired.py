@@ -1,5 +1,5 @@
-from agent.core.desired import desired_services
-from agent.core.model import Backend, Identity, build_inventory
+from agent.core.model import Backend, Identity
+from tests.oracles import build_inventory, desired_services
 from tests.builders import eip, rule
 
 

@@ -13,6 +13,7 @@ from agent.core.desired import DesiredState, ListCatalog
 from agent.core.model import RULE_KIND, Identity
 from tests.builders import eip, rule
 from tests.hostile import GW, HYPO, MAX_BACKENDS, check_errors, edits, pipeline, source_key
+from tests.oracles import kept
 
 affinity_members = st.lists(
     st.tuples(st.integers(1, 12), st.sampled_from(["", "ClientIP", None]), st.sampled_from([None, 0, 1, 60, 600, 86400])),
@@ -72,8 +73,8 @@ def test_too_many_backends_refuse_the_identity_and_name_every_rule(count: int, r
     assert '"concat": ["172.18.0.10", "tcp", 81]' not in json.dumps(commands)
     # The incremental state agrees, rebuilt or updated object by object.
     state = DesiredState(GW, MAX_BACKENDS)
-    state.rebuild(ListCatalog(objects[: len(objects) // 2]))
-    state.update(ListCatalog(objects), [(o["kind"], o["metadata"]["name"]) for o in objects[len(objects) // 2:]
+    state.rebuild(ListCatalog(kept(objects[: len(objects) // 2])))
+    state.update(ListCatalog(kept(objects)), [(o["kind"], o["metadata"]["name"]) for o in objects[len(objects) // 2:]
                                         if isinstance(o, dict) and isinstance(o.get("metadata"), dict)])
     assert state.services == desired.services
     assert sorted(e.key() for e in state.errors) == sorted(e.key() for e in (*inventory.errors, *desired.errors))
@@ -93,15 +94,8 @@ def _state_view(state: DesiredState) -> tuple[Any, ...]:
 @example([("put", 1, rule("web-b", 80, "10.0.1.12")), ("put", 2, rule("web-b", 80, "10.0.1.12", eip_name="eip-b")),
           ("put", 3, eip("eip-b", "172.18.0.20"))])
 def test_update_after_each_hostile_edit_equals_rebuild(history: list[tuple[Any, ...]]) -> None:
-    """The incremental state, fed objects as a source keeps them (model.slim) or whole,
-    always equals a rebuild from the whole objects."""
-    for kept in ("whole", "slim"):
-        _replay(history, kept)
-
-
-def _replay(history: list[tuple[Any, ...]], kept: str) -> None:
-    from agent.core.model import slim
-
+    """The incremental state, fed objects as a source keeps them (manifests), always
+    equals a rebuild from them all."""
     store: dict[int, Any] = {}
     state = DesiredState(GW, MAX_BACKENDS)
     state.rebuild(ListCatalog([]))
@@ -111,11 +105,11 @@ def _replay(history: list[tuple[Any, ...]], kept: str) -> None:
         if edit[0] == "put":
             store[slot] = edit[2]
         changed = {k for k in (source_key(old), source_key(store.get(slot))) if k is not None}
-        catalog = ListCatalog([store[s] if kept == "whole" else slim(store[s]) for s in sorted(store)])
+        catalog = ListCatalog(kept(store[s] for s in sorted(store)))
         before = dict(state.services)
         dirty = state.update(catalog, changed)
         fresh = DesiredState(GW, MAX_BACKENDS)
-        fresh.rebuild(ListCatalog([store[s] for s in sorted(store)]))
+        fresh.rebuild(catalog)
         note(f"step {step}: {edit[0]} slot {slot} changed={changed}")
         check_errors(state.errors)
         assert _state_view(state) == _state_view(fresh), f"step {step}"

@@ -10,9 +10,10 @@ import pytest
 import yaml
 
 from agent.sources.directory import DirectorySource
-from agent.core.model import RULE_KIND, build_inventory, slim
+from agent.core.model import RULE_KIND, manifest
 from tests.builders import eip, rule
 from tests.hostile import GW
+from tests.oracles import build_inventory
 
 def _sorted_scandir(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the directory's listing order deterministic (name order)."""
@@ -52,7 +53,7 @@ def test_directory_source_poll_never_raises_on_a_hostile_file(tmp_path: Path, na
             changed |= source.poll()
         except Exception as exc:
             raised.append(f"{type(exc).__name__}: {str(exc)[:80]}")
-    assert source.objects()[: len(valid)] == [slim(v) for v in valid]
+    assert source.objects()[: len(valid)] == [manifest(v) for v in valid]
     assert changed, f"the valid file was loaded but its change never signalled (poll raised {raised})"
     assert raised == [], "an unparseable file must be logged as such, not raise out of poll()"
     assert {(r.name, r.backend.ip) for r in build_inventory(source.objects(), GW).rules} == {("web-a", "10.0.1.11")}

@@ -15,6 +15,7 @@ from agent.kernel.nftread import commits_after
 from agent.kernel.view import NONE, Damage, damage_of, reread
 from agent.core.ruleset import Elem, Ruleset
 from tests.builders import rendered, web_objects
+from tests.nlmsg import nft_type
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures" / "netlink").glob("nft-*.json"))
 
@@ -56,7 +57,7 @@ def test_lost_notifications_or_a_table_change_mean_everything(notes: dict[str, A
 
 def test_affinity_entries_are_not_damage() -> None:
     def note(msg: int, table: str, set_name: str) -> nl.Message:
-        raw = nl.build_message(nl.nft_type(msg), 0, 0, 2, nl.attr_str(uapi.NFTA_SET_ELEM_LIST_TABLE, table)
+        raw = nl.build_message(nft_type(msg), 0, 0, 2, nl.attr_str(uapi.NFTA_SET_ELEM_LIST_TABLE, table)
                                + nl.attr_str(uapi.NFTA_SET_ELEM_LIST_SET, set_name))
         (m,) = nl.split_messages(raw)
         return m

@@ -13,7 +13,8 @@ from kubernetes.client import ApiClient, Configuration
 from agent.sources.events import EventRecorder
 from agent.sources.kube import EIPS, RULES, KubeSource, WatchSettings
 from agent.core.model import Backend, Identity
-from agent.ops.report import Reporter, evaluate
+from agent.ops.report import Reporter
+from tests.oracles import evaluate
 from agent.settings import Settings
 from tests.builders import ROOT, eip, rule
 from tests.kubefake import FakeKube, Request

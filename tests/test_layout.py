@@ -3,11 +3,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.core.layout import (SERVICES, affinity_sets, backend_counters, goto_target, held_slots, identity_key,
+from agent.core.layout import (SERVICES, backend_counters, goto_target, held_slots, identity_key,
                           parse_target, pattern_chain, pinned_clients, served, slots_of, sticky_slots)
 from agent.core.model import Backend, Identity
 from agent.core.ruleset import Ruleset, element, goto
 from tests.builders import rendered, rule
+from tests.oracles import affinity_sets
 
 
 def test_pattern_chain_names():

@@ -12,9 +12,10 @@ import json
 from typing import Any, NamedTuple
 
 from agent.core.legacy import LEGACY_TABLE, takeover_commands
-from agent.core.ruleset import EMPTY, ElemKey, Ruleset, from_listing
+from agent.core.ruleset import EMPTY, ElemKey, Ruleset
 from tests.builders import ROOT
 from tests.fakenft import FakeNft
+from tests.oracles import from_listing
 
 EIP = "172.18.0.10"
 REF = {"family": "ip", "table": LEGACY_TABLE}

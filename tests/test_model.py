@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from agent.errors import RuleError
-from agent.core.model import Backend, Identity, Inventory, Rule, build_inventory
+from agent.core.model import Backend, Identity, Rule
+from tests.oracles import Inventory, build_inventory
 
 GW = "gw1"
 EIP_ADDR = "172.18.0.10"

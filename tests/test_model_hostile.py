@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 from hypothesis import example, given, settings as hsettings, strategies as st
 
-from agent.core.model import EIP_KIND, RULE_KIND, Backend, Identity, Rule, build_inventory
+from agent.core.model import EIP_KIND, RULE_KIND, Backend, Identity, Rule
 from tests.builders import eip, rule
+from tests.oracles import as_dict, build_inventory, kept
 from tests.hostile import (BAD_NAMES, EIP_FIELDS, GOOD_EIP_NAME, GOOD_RULE_NAME, GW, HYPO, MISSING, RULE_FIELDS,
                            RULE_NAMES, batches, damaged, eip_objects, hostile, pipeline, rule_objects, valid_name)
 
@@ -175,10 +176,11 @@ def test_same_eip_name_twice_refuses_its_rules_whichever_comes_first(swap: bool)
 
 @hsettings(max_examples=300, **HYPO)
 @given(batches)
-def test_a_slim_object_is_judged_exactly_as_the_whole_one(objects: list[Any]) -> None:
-    """What the sources keep (model.slim) gives the same rules and the same errors."""
-    from agent.core.model import slim
-
-    whole, kept = build_inventory(objects, GW), build_inventory([slim(o) for o in objects], GW)
-    assert kept.rules == whole.rules
-    assert [e.key() for e in kept.errors] == [e.key() for e in whole.errors]
+def test_an_object_is_judged_by_its_manifest_alone(objects: list[Any]) -> None:
+    """What a source keeps (model.manifest, the one form the model takes) is all the model
+    judges by: the object rebuilt from it alone gives the same rules and the same errors."""
+    rebuilt = [as_dict(m) for m in kept(objects)]
+    assert kept(rebuilt) == kept(objects)
+    whole, kept_only = build_inventory(objects, GW), build_inventory(rebuilt, GW)
+    assert kept_only.rules == whole.rules
+    assert [e.key() for e in kept_only.errors] == [e.key() for e in whole.errors]

@@ -13,11 +13,13 @@ from typing import Any
 
 import pytest
 
-from agent.core.ruleset import Elem, from_listing
+from agent.core.ruleset import Elem
 from agent.kernel import nfnetlink as nl
 from agent.kernel import nftread
 from agent.kernel import nftuapi as uapi
 from tests.netlinkfx import FIXTURES, IP, NFT_106, decoded, is_opaque, load, messages, rendered_examples
+from tests.nlmsg import nft_type
+from tests.oracles import from_listing
 
 
 @pytest.fixture(params=FIXTURES, ids=[p.stem for p in FIXTURES], scope="module")
@@ -244,7 +246,7 @@ def _note(msg: int, family: int, table: str | None, gen: int | None = None, port
     payload = nl.attr_str(1, table) if table is not None else b""
     if gen is not None:
         payload = nl.attr_be32(uapi.NFTA_GEN_ID, gen)
-    raw = nl.build_message(nl.nft_type(msg), 0, 0, family, payload)
+    raw = nl.build_message(nft_type(msg), 0, 0, family, payload)
     raw = raw[:12] + struct.pack("=I", portid) + raw[16:]
     (m,) = nl.split_messages(raw)
     return m

@@ -1,12 +1,11 @@
 """Planning: what a change costs, in which order, and in which phases."""
 import json
 
-from agent.core.desired import desired_services
+from tests.oracles import build_inventory, desired_services
 from agent.core.layout import sticky_slots
 from agent.core.model import Backend, Identity
-from agent.core.model import build_inventory
 from agent.core.plan import DECLARE, MAIN, PREPARE, document, plan, retire, stale_chains
-from agent.core.render import render
+from tests.oracles import render
 from agent.core.ruleset import Ruleset
 from agent.settings import Settings
 from tests.builders import ROOT, rendered, rule

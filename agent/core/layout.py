@@ -128,11 +128,6 @@ def backend_of(elem: Elem) -> Backend | None:
     return None
 
 
-def backend_value(backend: Backend) -> Backend:
-    """A backend map element: the backend itself, its data without a comment (ruleset.Elem)."""
-    return backend
-
-
 def slots_of(ruleset: Ruleset) -> Slots:
     """Which slot each backend holds, read from a ruleset (rendered or read back)."""
     slots: Slots = {}
@@ -217,7 +212,3 @@ def pinned_clients(entries: Mapping[str, Iterable[ElemKey]]) -> dict[tuple[Ident
                 pinned[at] = pinned.get(at, 0) + 1
     return pinned
 
-
-def affinity_sets(ruleset: Ruleset) -> list[str]:
-    """The affinity sets a ruleset declares."""
-    return sorted(n for n in ruleset.sets if affinity_slot(n) is not None)

@@ -1,10 +1,11 @@
-"""Validated model: IptablesDnatRule and IptablesEIP objects, as the API returns them, in;
-this gateway's share rules out, each field checked. Pure: no I/O."""
+"""Validated model: IptablesDnatRule and IptablesEIP objects in, in the one form the sources
+hand over (manifest(): what the model reads of an object the API returns); this gateway's
+share rules out, each field checked. Pure: no I/O."""
 from __future__ import annotations
 
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable, NamedTuple
 
 from agent.errors import RuleError
@@ -65,14 +66,6 @@ class Rule(NamedTuple):
 
 
 @dataclass(frozen=True)
-class Inventory:
-    """What the objects say about this gateway: usable rules and rejected ones."""
-
-    rules: tuple[Rule, ...] = ()
-    errors: tuple[RuleError, ...] = field(default=())
-
-
-@dataclass(frozen=True)
 class Eip:
     """An IptablesEIP as far as ownership goes: the gateways it names (one, or several
     when a directory defines the name twice) and its address (or why not)."""
@@ -83,51 +76,18 @@ class Eip:
     error: RuleError | None
 
 
-def build_inventory(objects: Iterable[Any], gateway: str) -> Inventory:
-    """Select and validate this gateway's share rules among arbitrary objects.
-
-    Never raises on input: what cannot be used becomes a RuleError. Objects that are not
-    ours (other kinds, exclusive rules, other gateways' EIPs) are left out silently.
-    """
-    by_kind = index_objects(objects)
-    eips = {name: eip_of(name, copies) for name, copies in by_kind[EIP_KIND].items()}
-    rules: list[Rule] = []
-    errors: list[RuleError] = []
-    for name, copies in by_kind[RULE_KIND].items():
-        result = rule_of(name, copies, eips, gateway)
-        if isinstance(result, Rule):
-            rules.append(result)
-        elif result is not None:
-            errors.append(result)
-    return Inventory(rules=tuple(rules), errors=tuple(errors))
-
-
-def index_objects(objects: Iterable[Any]) -> dict[str, dict[str, list[dict[str, Any]]]]:
-    """Live objects of the two kinds, by kind and name (a list: a directory may repeat one)."""
-    by_kind: dict[str, dict[str, list[dict[str, Any]]]] = {RULE_KIND: {}, EIP_KIND: {}}
-    for obj in objects:  # live() and _name_of() inlined: this runs for every object
-        if type(obj) is Manifest:
-            copies = by_kind[obj.kind].get(obj.name)
-            if copies is None:
-                by_kind[obj.kind][obj.name] = [obj]
-            else:
-                copies.append(obj)
-            continue
-        kind = obj.get("kind") if isinstance(obj, dict) else None
-        named = by_kind.get(kind) if isinstance(kind, str) else None
-        meta = obj.get("metadata") if named is not None else None
-        if isinstance(meta, dict) and not meta.get("deletionTimestamp"):
-            name = meta.get("name")
-            if isinstance(name, str) and name:  # else nothing to name it by, nor to resolve it with
-                copies = named.get(name)
-                if copies is None:
-                    named[name] = [obj]
-                else:
-                    copies.append(obj)
+def index_objects(objects: Iterable[Manifest]) -> dict[str, dict[str, list[Manifest]]]:
+    """Objects of the two kinds, by kind and name (a list: a directory may repeat one)."""
+    by_kind: dict[str, dict[str, list[Manifest]]] = {RULE_KIND: {}, EIP_KIND: {}}
+    for obj in objects:
+        copies = by_kind[obj.kind].get(obj.name)
+        if copies is None:
+            by_kind[obj.kind][obj.name] = [obj]
+        else:
+            copies.append(obj)
     return by_kind
 
 
-_META = ("name", "uid", "resourceVersion", "deletionTimestamp")
 _SPEC = {RULE_KIND: ("eip", "externalPort", "protocol", "internalIp", "internalPort", "type", "sessionAffinity",
                      "sessionAffinityTimeoutSeconds"),
          EIP_KIND: ("v4ip", "natGwDp")}
@@ -144,17 +104,18 @@ MISSING: Any = _Missing()  # a field the object does not have
 
 
 class Manifest(tuple):  # type: ignore[type-arg]
-    """What the model reads of a regular object (a rule or EIP with a name, a spec, no
-    deletion mark), compact: sources keep objects this way. One flat tuple: (kind, name,
-    uid, version, the spec's values in _SPEC[kind] order, the status's in _STATUS[kind]
-    order), fields the object lacks MISSING; a uid and a resourceVersion as ints where
-    they print back the same. Measured at 40,000 rules: the API's objects ~87 MB, dicts
-    of the fields read ~7 MB, this ~4 MB."""
+    """What the model reads of an object (a live rule or EIP with a name), compact: the
+    one form the sources hand the model (manifest() makes it). One flat tuple: (kind,
+    name, uid, version, the spec's values in _SPEC[kind] order, the status's in
+    _STATUS[kind] order), fields the object lacks MISSING; the uid and resourceVersion as
+    the text an error shows ("" if none), packed as ints where they print back the same.
+    Measured at 40,000 rules: the API's objects ~87 MB, dicts of the fields read ~7 MB,
+    this ~4 MB."""
 
     __slots__ = ()
 
     @classmethod
-    def of(cls, kind: str, name: str, uid: Any, version: Any, spec: Iterable[Any], status: Iterable[Any]) -> Manifest:
+    def of(cls, kind: str, name: str, uid: str, version: str, spec: Iterable[Any], status: Iterable[Any]) -> Manifest:
         return cls((kind, name, _packed_uid(uid), _packed_version(version), *spec, *status))
 
     @property
@@ -166,25 +127,17 @@ class Manifest(tuple):  # type: ignore[type-arg]
         return self[1]  # type: ignore[no-any-return]
 
     @property
-    def uid(self) -> Any:
+    def uid(self) -> str:
         uid = self[2]
         if type(uid) is not int:
-            return uid
+            return uid  # type: ignore[no-any-return]
         h = f"{uid:032x}"
         return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
     @property
-    def version(self) -> Any:
+    def version(self) -> str:
         version = self[3]
-        return str(version) if type(version) is int else version
-
-    @property
-    def spec(self) -> tuple[Any, ...]:
-        return self[4:4 + len(_SPEC[self[0]])]
-
-    @property
-    def status(self) -> tuple[Any, ...]:
-        return self[4 + len(_SPEC[self[0]]):]
+        return str(version) if type(version) is int else version  # type: ignore[no-any-return]
 
     def field(self, key: str) -> Any:
         """A spec field's value, MISSING if absent."""
@@ -197,59 +150,39 @@ class Manifest(tuple):  # type: ignore[type-arg]
 _UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
-def _packed_uid(uid: Any) -> Any:
+def _packed_uid(uid: str) -> str | int:
     """A canonical (lower-case) UUID as its 128-bit int: 44 bytes, not 85."""
-    return int(uid.replace("-", ""), 16) if type(uid) is str and _UUID_RE.fullmatch(uid) else uid
+    return int(uid.replace("-", ""), 16) if _UUID_RE.fullmatch(uid) else uid
 
 
-def _packed_version(version: Any) -> Any:
+def _packed_version(version: str) -> str | int:
     """A resourceVersion of decimal digits (etcd's revision) as an int, if it prints back
     the same; anything else as given (the API calls it opaque)."""
-    if type(version) is str and version.isdigit() and version.isascii() and len(version) < 20 \
-            and (version == "0" or version[0] != "0"):
+    if version.isdigit() and version.isascii() and len(version) < 20 and (version == "0" or version[0] != "0"):
         return int(version)
     return version
 
 
-def slim(obj: Any) -> Any:
-    """Only what the model reads of an object, as it is (valid or not: the model judges
-    it): a Manifest for a regular one; anything else a smaller copy of itself with only
-    the keys the model reads. Short strings are interned (EIP names, protocols, ports,
-    types repeat across thousands of rules)."""
-    if not isinstance(obj, dict):
-        return obj
-    kind, meta, spec, status = obj.get("kind"), obj.get("metadata"), obj.get("spec"), obj.get("status", {})
-    if (isinstance(kind, str) and kind in _SPEC and isinstance(meta, dict) and isinstance(meta.get("name"), str) and meta["name"]
-            and "deletionTimestamp" not in meta and isinstance(spec, dict) and isinstance(status, dict)):
-        return Manifest.of(sys.intern(kind), meta["name"], meta.get("uid", MISSING), meta.get("resourceVersion", MISSING),
-                           (_interned(k, spec.get(k, MISSING)) for k in _SPEC[kind]),
-                           (status.get(k, MISSING) for k in _STATUS[kind]))
-    out: dict[str, Any] = {}
-    if "kind" in obj:
-        out["kind"] = sys.intern(kind) if isinstance(kind, str) else kind
-    if "metadata" in obj:
-        out["metadata"] = {k: meta[k] for k in _META if k in meta} if isinstance(meta, dict) else meta
-    keep = _SPEC.get(kind) if isinstance(kind, str) else None
-    if "spec" in obj and keep is not None:
-        out["spec"] = {k: _interned(k, spec[k]) for k in keep if k in spec} if isinstance(spec, dict) else spec
-    keep = _STATUS.get(kind) if isinstance(kind, str) else None
-    if "status" in obj and keep:
-        out["status"] = {k: status[k] for k in keep if k in status} if isinstance(status, dict) else status
-    return out
-
-
-def as_dict(obj: Any) -> Any:
-    """A Manifest as the dict it stands for (for reading and tests); anything else as is."""
-    if type(obj) is not Manifest:
-        return obj
-    meta = {"name": obj.name, **{k: v for k, v in (("uid", obj.uid), ("resourceVersion", obj.version))
-                                 if v is not MISSING}}
-    out: dict[str, Any] = {"kind": obj.kind, "metadata": meta,
-                           "spec": {k: v for k, v in zip(_SPEC[obj.kind], obj.spec) if v is not MISSING}}
-    status = {k: v for k, v in zip(_STATUS[obj.kind], obj.status) if v is not MISSING}
-    if status:
-        out["status"] = status
-    return out
+def manifest(obj: Any) -> Manifest | None:
+    """What the model reads of an object as the API returns it (valid or not: the model
+    judges it), or None for what the model ignores: anything but a rule or an EIP with a
+    non-empty string name, and an object being deleted (it is gone at once, finalizer or
+    not). A spec or status that is no dict has every field MISSING. Short strings are
+    interned (EIP names, protocols, ports, types repeat across thousands of rules)."""
+    if type(obj) is not dict:
+        return None
+    kind, meta = obj.get("kind"), obj.get("metadata")
+    if type(kind) is not str or kind not in _SPEC or not isinstance(meta, dict) or meta.get("deletionTimestamp"):
+        return None
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        return None  # nothing to name it by, nor to resolve it with
+    spec, status = obj.get("spec"), obj.get("status")
+    spec = spec if isinstance(spec, dict) else {}
+    status = status if isinstance(status, dict) else {}
+    return Manifest.of(sys.intern(kind), name, str(meta.get("uid") or ""), str(meta.get("resourceVersion") or ""),
+                       (_interned(k, spec.get(k, MISSING)) for k in _SPEC[kind]),
+                       (status.get(k, MISSING) for k in _STATUS[kind]))
 
 
 # Fields whose values repeat across thousands of rules: interned, one string each. Not
@@ -262,44 +195,11 @@ def _interned(key: str, value: Any) -> Any:
     return sys.intern(value) if key in _REPEATING and type(value) is str and len(value) <= 64 else value
 
 
-def kind_and_name(obj: Any) -> tuple[str, str] | None:
-    """(kind, name) of an object with a string kind and a non-empty string name."""
-    if type(obj) is Manifest:
-        return obj.kind, obj.name
-    meta = obj.get("metadata") if isinstance(obj, dict) else None
-    kind, name = obj.get("kind") if isinstance(obj, dict) else None, meta.get("name") if isinstance(meta, dict) else None
-    return (kind, name) if isinstance(kind, str) and isinstance(name, str) and name else None
-
-
-def live(obj: Any) -> bool:
-    """False for an object being deleted: it is gone at once, finalizer or not."""
-    if type(obj) is Manifest:
-        return True
-    meta = obj.get("metadata")
-    return not (isinstance(meta, dict) and meta.get("deletionTimestamp"))
-
-
-def _field(obj: Any, key: str) -> Any:
-    """A spec field of a Manifest or an object: MISSING if absent or the spec is no dict."""
-    if type(obj) is Manifest:
-        return obj.field(key)
-    spec = obj.get("spec")
-    return spec.get(key, MISSING) if isinstance(spec, dict) else MISSING
-
-
-def _status_ip(obj: Any) -> Any:
-    if type(obj) is Manifest:
-        status = obj.status
-        return status[0] if status else MISSING
-    status = obj.get("status")
-    return status.get("ip", MISSING) if isinstance(status, dict) else MISSING
-
-
 def _given(value: Any, default: Any = None) -> Any:
     return default if value is MISSING else value
 
 
-def eip_of(name: str, copies: list[dict[str, Any]]) -> Eip:
+def eip_of(name: str, copies: list[Manifest]) -> Eip:
     if len(copies) > 1:
         # Names are unique in the API; twice in a directory is ambiguous ownership, the
         # same whichever copy comes first.
@@ -308,34 +208,23 @@ def eip_of(name: str, copies: list[dict[str, Any]]) -> Eip:
     return _parse_eip(name, copies[0])
 
 
-def _gateways(obj: Any) -> frozenset[str]:
-    gateway = _field(obj, "natGwDp")
+def _gateways(obj: Manifest) -> frozenset[str]:
+    gateway = obj.field("natGwDp")
     return frozenset([gateway]) if isinstance(gateway, str) else frozenset()
 
 
-def eip_reference(obj: Any) -> str | None:
+def eip_reference(obj: Manifest) -> str | None:
     """The EIP name a rule points at (any gateway), for re-evaluation when the EIP changes."""
-    ref = _rule_fields(obj)[_EIP_AT]
+    ref = obj.field("eip")
     return ref if isinstance(ref, str) else None
 
 
 _RULE_SPEC = _SPEC[RULE_KIND]
 _RULE_SPAN = slice(4, 4 + len(_RULE_SPEC))  # a rule Manifest's spec values
-_NO_SPEC = (MISSING,) * len(_RULE_SPEC)
 _EIP_AT, _TYPE_AT = _AT[RULE_KIND]["eip"], _AT[RULE_KIND]["type"]
 
 
-def _rule_fields(obj: Any) -> tuple[Any, ...]:
-    """A rule object's spec values in _SPEC[RULE_KIND] order, MISSING where absent: read
-    once per rule (one slice of a Manifest), not field by field (40,000 rules per full
-    sync: field-by-field reading was a third of the model's time)."""
-    if type(obj) is Manifest:
-        return obj[_RULE_SPAN]  # type: ignore[no-any-return]
-    spec = obj.get("spec")
-    return tuple(spec.get(k, MISSING) for k in _RULE_SPEC) if isinstance(spec, dict) else _NO_SPEC
-
-
-def rule_of(name: str, copies: list[dict[str, Any]], eips: dict[str, Eip], gateway: str,
+def rule_of(name: str, copies: list[Manifest], eips: dict[str, Eip], gateway: str,
             identities: dict[Identity, Identity] | None = None) -> Rule | RuleError | None:
     """This gateway's share rule of that name: a Rule, a RuleError, or None if not ours.
     `identities`, if given, holds one Identity object per identity; the Rule gets that
@@ -344,25 +233,21 @@ def rule_of(name: str, copies: list[dict[str, Any]], eips: dict[str, Eip], gatew
     A name defined more than once (a directory can) is refused if any copy is ours, and
     ignored if none is: the same answer whatever the order of the copies."""
     if len(copies) > 1:
-        if all(_owner(_rule_fields(c), eips, gateway) is None for c in copies):
+        if all(_owner(c[_RULE_SPAN], eips, gateway) is None for c in copies):
             return None
         # No one copy to point at: no uid, no version.
         return RuleError(RULE_KIND, name, "metadata.name", f"defined {len(copies)} times; none is used")
     obj = copies[0]
-    fields = _rule_fields(obj)
+    # The spec values in one slice, not read field by field (40,000 rules per full sync:
+    # field-by-field reading was a third of the model's time).
+    fields = obj[_RULE_SPAN]
     eip = _owner(fields, eips, gateway)
     if eip is None:
         return None  # ownership goes through the EIP; unresolved means not (yet) ours
     try:
         return _parse_rule(name, fields, eip, identities)
     except RuleError as err:
-        if type(obj) is Manifest:
-            uid, version = str(_given(obj.uid) or ""), str(_given(obj.version) or "")
-        else:
-            meta = obj.get("metadata")
-            uid, version = (str(meta.get("uid") or ""), str(meta.get("resourceVersion") or "")) \
-                if isinstance(meta, dict) else ("", "")
-        return RuleError(err.kind, err.name, err.field, err.reason, uid, version)
+        return RuleError(err.kind, err.name, err.field, err.reason, obj.uid, obj.version)
 
 
 def _owner(fields: tuple[Any, ...], eips: dict[str, Eip], gateway: str) -> Eip | None:
@@ -374,14 +259,14 @@ def _owner(fields: tuple[Any, ...], eips: dict[str, Eip], gateway: str) -> Eip |
     return eip if eip is not None and gateway in eip.gateways else None
 
 
-def _parse_eip(name: str, obj: Any) -> Eip:
-    status_ip = _given(_status_ip(obj))
+def _parse_eip(name: str, obj: Manifest) -> Eip:
+    status_ip = _given(obj[-1])  # the status's one field, ip
     gateways = _gateways(obj)
     try:
         if status_ip:
             address = _ipv4(EIP_KIND, name, "status.ip", status_ip)
         else:
-            address = _ipv4(EIP_KIND, name, "spec.v4ip", _given(_field(obj, "v4ip")))
+            address = _ipv4(EIP_KIND, name, "spec.v4ip", _given(obj.field("v4ip")))
         return Eip(name, gateways, address, None)
     except RuleError as err:
         return Eip(name, gateways, None, err)

@@ -15,7 +15,7 @@ from typing import Any, Collection, Mapping, NamedTuple
 
 from agent.core.desired import Service
 from agent.core.layout import (BACKEND_DATA, BASE_CHAIN, HAIRPIN_CHAIN, IDENTITY_TYPE, SERVICES, Slots, affinity_set,
-                          backend_map, backend_value, held_slots, identity_key, pattern_chain, slot_chain, slots_of,
+                          backend_map, held_slots, identity_key, pattern_chain, slot_chain, slots_of,
                           sticky_chain)
 from agent.core.model import Backend, Identity
 from agent.core.ruleset import EMPTY, Elem, ElemKey, Ruleset, goto, truncate_comment
@@ -111,12 +111,6 @@ def assign_slots(services: Mapping[Identity, Service], previous: Slots,
     return result
 
 
-def render(services: Mapping[Identity, Service], previous: Ruleset, affinity_set_size: int, priority: int,
-           hairpin: Hairpin | None = None) -> Ruleset:
-    """The whole table for these services; slots follow `previous` (the kernel's state)."""
-    return render_all(services, previous, affinity_set_size, priority, hairpin=hairpin)[0]
-
-
 def render_all(services: Mapping[Identity, Service], previous: Ruleset, affinity_set_size: int,
                priority: int, blocked: Mapping[Identity, Collection[int]] = NO_BLOCKS,
                hairpin: Hairpin | None = None) -> tuple[Ruleset, dict[Identity, Pieces]]:
@@ -181,7 +175,7 @@ def render_service(service: Service, held: Mapping[Backend, int], affinity_set_s
     timeout = service.timeout if service.affinity else None
     target = pattern_chain(order, timeout)
     by_slot = sorted(held.items(), key=lambda item: item[1])
-    elems = (Elem(goto(target), truncate_comment(service.rule_names)), *(backend_value(b) for b, _ in by_slot))
+    elems = (Elem(goto(target), truncate_comment(service.rule_names)), *(b for b, _ in by_slot))  # a Backend is its own element
     return Pieces(key, _names(order), elems, _shared(order, timeout, affinity_set_size, hairpin))
 
 

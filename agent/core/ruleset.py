@@ -61,10 +61,6 @@ class Ruleset:
 
 EMPTY = Ruleset()
 
-_SET_FIELDS = ("type", "map", "flags", "size", "stmt")
-_CHAIN_FIELDS = ("type", "hook", "prio", "policy")
-
-
 def concat_data(decl: Mapping[str, Any]) -> bool:
     """A map whose data is a concatenation (nft 1.0.6 lists its type as "a . b"): its JSON
     parser cannot declare one, so the planner has it declared in text."""
@@ -92,50 +88,6 @@ def goto(target: str) -> dict[str, Any]:
         if len(_GOTOS) < 4096:  # chains read back from an altered table are not kept forever
             _GOTOS[target] = found
     return found
-
-
-def data_of(value: Any) -> Any:
-    """Element data from nft JSON into Elem's form."""
-    if isinstance(value, dict):
-        if "concat" in value and isinstance(value["concat"], list):
-            return tuple(value["concat"])
-        target = value.get("goto", {}).get("target") if len(value) == 1 else None
-        if isinstance(target, str) and len(value["goto"]) == 1:
-            return goto(target)
-    return value
-
-
-def from_listing(listing: Mapping[str, Any]) -> Ruleset:
-    """Parse `list table` JSON output (one table) into a Ruleset."""
-    sets: dict[str, dict[str, Any]] = {}
-    chains: dict[str, dict[str, Any]] = {}
-    rules: dict[str, list[dict[str, Any]]] = {}
-    elements: dict[str, dict[ElemKey, Elem]] = {}
-    for item in listing.get("nftables", []):
-        kind, body = next(iter(item.items()))
-        if kind in ("set", "map"):
-            sets[body["name"]] = {k: body[k] for k in _SET_FIELDS if k in body}
-            if kind == "map":
-                elements[body["name"]] = dict(_parse_elem(e) for e in body.get("elem", []))
-        elif kind == "chain":
-            chains[body["name"]] = {k: body[k] for k in _CHAIN_FIELDS if k in body}
-            rules.setdefault(body["name"], [])
-        elif kind == "rule":
-            rule = {"expr": body["expr"]}
-            if "comment" in body:
-                rule["comment"] = body["comment"]
-            rules.setdefault(body["chain"], []).append(rule)
-    return Ruleset(sets=sets, chains=chains, rules={c: tuple(r) for c, r in rules.items()}, elements=elements)
-
-
-def _parse_elem(item: Any) -> tuple[ElemKey, Elem]:
-    raw_key, value = item
-    comment = None
-    if isinstance(raw_key, dict) and "elem" in raw_key:
-        comment = raw_key["elem"].get("comment")
-        raw_key = raw_key["elem"]["val"]
-    key = tuple(raw_key["concat"]) if isinstance(raw_key, dict) and "concat" in raw_key else (raw_key,)
-    return key, element(data_of(value), comment)
 
 
 def patched(rs: Ruleset, before: Ruleset, after: Ruleset) -> Ruleset:

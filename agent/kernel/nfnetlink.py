@@ -112,11 +112,6 @@ class Message(NamedTuple):
     def subsys(self) -> int:
         return self.type >> 8
 
-    @property
-    def raw(self) -> bytes:
-        """The message's bytes, header included (what a fixture records)."""
-        return self.buf[self.head:self.end]
-
     def attrs(self) -> dict[int, bytes]:
         return attrs(self.buf, self.start, self.end)
 
@@ -188,16 +183,8 @@ def attr_be32(typ: int, value: int) -> bytes:
     return attr_bytes(typ, BE32.pack(value & 0xFFFFFFFF))
 
 
-def attr_be64(typ: int, value: int) -> bytes:
-    return attr_bytes(typ, BE64.pack(value))
-
-
 def attr_nested(typ: int, children: Iterable[bytes]) -> bytes:
     return attr_bytes(typ | NLA_F_NESTED, b"".join(children))
-
-
-def nft_type(msg: int) -> int:
-    return NFNL_SUBSYS_NFTABLES << 8 | msg
 
 
 def build_message(msg_type: int, flags: int, seq: int, family: int, payload: bytes, res_id: int = 0) -> bytes:
@@ -254,8 +241,6 @@ class Dump:
         self._what = what
         self._timeout = timeout
         self.interrupted = False
-        self.messages = 0
-        self.done = False
 
     def __iter__(self) -> Iterator[Message]:
         # Abandoned midway, the rest of the dump is dropped by its seq on the next exchange.
@@ -265,17 +250,14 @@ class Dump:
                 if m.flags & NLM_F_DUMP_INTR:
                     self.interrupted = True
                 if m.type == NLMSG_DONE:
-                    self.done = True
                     return
                 if m.type == NLMSG_ERROR:
                     code, text = error_code(m)
                     if code == 0:
                         continue
-                    self.done = True
                     raise NetlinkError(code, self._what, text)
                 if m.type in (NLMSG_NOOP, NLMSG_OVERRUN):
                     continue
-                self.messages += 1
                 yield m
 
 
@@ -301,7 +283,6 @@ class NfSocket:
             self._sock.close()
             raise
         self._seq = int(time.time()) & 0x7FFFFFFF
-        self.dropped = 0  # stale messages (answers to earlier requests) dropped
         self._buf = bytearray(_RECV_BUF)
 
     def close(self) -> None:
@@ -341,8 +322,7 @@ class NfSocket:
             for m in self._datagram(what, limit):
                 i = index.get(m.seq)
                 if i is None or m.type != NLMSG_ERROR or codes[i] is not None:
-                    self.dropped += 1
-                    continue
+                    continue  # a stale answer (to an earlier request)
                 codes[i] = error_code(m)[0]
                 left -= 1
         return [c or 0 for c in codes]
@@ -381,7 +361,6 @@ class NfSocket:
             mine = [m for m in messages if m.seq == seq]
             # Anything else answers an earlier request of this socket (an abandoned dump's
             # tail): the kernel sends nothing unasked on a socket outside any group.
-            self.dropped += len(messages) - len(mine)
             if mine:
                 return iter(mine)
 
@@ -444,8 +423,6 @@ class Subscriber:
             raise
         self.group = group
         self._buf = bytearray(_RECV_BUF)
-        self.received = 0  # messages handed out so far
-        self.overruns = 0
 
     def listen(self, on: bool) -> None:
         """Join or leave the group (what is queued already stays to be drained)."""
@@ -484,7 +461,6 @@ class Subscriber:
             except OSError as err:
                 if err.errno == errnos.ENOBUFS:
                     overrun = True
-                    self.overruns += 1
                     continue
                 raise
             try:
@@ -492,7 +468,6 @@ class Subscriber:
                     out.extend(m for m in split_messages(bytes(view[:n])) if m.portid not in skip)
             except MalformedError:
                 overrun = True  # a datagram we cannot split: as good as lost
-        self.received += len(out)
         return Drained(out, overrun)
 
 

@@ -1,13 +1,11 @@
 """Report: what the pipeline found wrong with the input, said once per change."""
 from __future__ import annotations
 
-from typing import Any, Iterable, Protocol
+from typing import Iterable, Protocol
 
 import structlog
 
-from agent.core.desired import DesiredState, ListCatalog
 from agent.errors import ApplyError, RuleError
-from agent.settings import Settings
 
 log = structlog.get_logger()
 
@@ -53,12 +51,3 @@ class Reporter:
     def apply_succeeded(self) -> None:
         self._failed_digest = None
 
-
-def evaluate(objects: Iterable[Any], settings: Settings, reporter: Reporter) -> tuple[DesiredState, int]:
-    """Objects -> validated model -> desired services, reporting what was left out, the
-    way `run` evaluates them (limits included). Returns the state (its `services`) and how
-    many rules were rejected."""
-    state = DesiredState(settings.gateway, settings.max_backends, settings.max_identities)
-    state.rebuild(ListCatalog(objects))
-    reporter.report(state.errors, state.notes)
-    return state, len(state.errors)

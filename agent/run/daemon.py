@@ -51,7 +51,7 @@ def connected(settings: Settings, reporter: Reporter | None = None) -> Reconcile
                     lambda: KernelView(FAMILY, settings.table, subscribe=False))
 
 
-def api_client(settings: Settings) -> Any:
+def connect_api(settings: Settings) -> Any:
     from agent.sources.kubeapi import api_client  # the kubernetes client only where it is used: ~10 MB
 
     return api_client(settings.kubeconfig, settings.token_dir)
@@ -66,7 +66,7 @@ def source_of(settings: Settings) -> tuple[Source, Any]:
         return DirectorySource(settings.from_dir, settings.poll_interval), None
     from agent.sources.kube import KubeSource  # the kubernetes client only where it is used: ~16 MB
 
-    api = api_client(settings)
+    api = connect_api(settings)
     return KubeSource(api, settings.watch), api
 
 

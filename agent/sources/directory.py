@@ -21,7 +21,7 @@ import structlog
 import yaml
 
 from agent.sources.inotify import COMPLETE, GONE_SELF, Inotify
-from agent.core.model import kind_and_name, slim
+from agent.core.model import Manifest, manifest
 
 log = structlog.get_logger()
 SUFFIXES = (".yaml", ".yml", ".json")
@@ -43,9 +43,9 @@ class DirectorySource:
         self._settling = False  # a changed file waits to hold still
         self._stamps: dict[str, _Stamp] = {}  # as loaded
         self._seen: dict[str, _Stamp] | None = None  # as scanned by the previous poll
-        self._objects: dict[str, list[Any]] = {}
+        self._objects: dict[str, list[Manifest]] = {}  # what the model reads, per file
         self._failed: dict[str, str] = {}
-        self._named: dict[tuple[str, str], list[Any]] = {}  # (kind, name) -> objects, all files
+        self._named: dict[tuple[str, str], list[Manifest]] = {}  # (kind, name) -> objects, all files
         self._changes: set[tuple[str, str]] | None = None  # since the last take; None: all
 
     @property
@@ -78,7 +78,7 @@ class DirectorySource:
             return time.monotonic() + self.poll_interval
         return None
 
-    def named(self, kind: str, name: str) -> list[Any]:
+    def named(self, kind: str, name: str) -> list[Manifest]:
         return self._named.get((kind, name), [])
 
     def take_changes(self) -> set[tuple[str, str]] | None:
@@ -119,7 +119,7 @@ class DirectorySource:
         self._seen = current
         return changed
 
-    def objects(self) -> list[Any]:
+    def objects(self) -> list[Manifest]:
         return [obj for name in sorted(self._objects) for obj in self._objects[name]]
 
     def _scan(self) -> dict[str, _Stamp] | None:
@@ -152,13 +152,15 @@ class DirectorySource:
             self._failed[name] = reason
             return False
         self._failed.pop(name, None)
-        objects = [slim(item) for doc in docs for item in _items(doc)]
+        # Only what the model reads, as manifests: the rest (other kinds, nameless objects,
+        # objects being deleted, fields the model never reads) is dropped here.
+        objects = [m for doc in docs for item in _items(doc) if (m := manifest(item)) is not None]
         if self._objects.get(name) == objects:
             return False
         self._replace(name, objects)
         return True
 
-    def _replace(self, file: str, objects: list[Any]) -> None:
+    def _replace(self, file: str, objects: list[Manifest]) -> None:
         """Swap one file's objects, keeping the by-name index, and note only the names
         whose objects really changed: one edited rule in a file of thousands is one change."""
         old = _by_key(self._objects.pop(file, []))
@@ -192,10 +194,8 @@ def _items(doc: Any) -> list[Any]:
     return [{"kind": item_kind, **i} if item_kind else i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
 
 
-def _by_key(objects: list[Any]) -> dict[tuple[str, str], list[Any]]:
-    found: dict[tuple[str, str], list[Any]] = {}
+def _by_key(objects: list[Manifest]) -> dict[tuple[str, str], list[Manifest]]:
+    found: dict[tuple[str, str], list[Manifest]] = {}
     for obj in objects:
-        key = kind_and_name(obj)
-        if key is not None:
-            found.setdefault(key, []).append(obj)
+        found.setdefault((obj.kind, obj.name), []).append(obj)
     return found

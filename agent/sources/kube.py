@@ -21,7 +21,7 @@ import structlog
 
 from agent.backoff import Backoff
 from agent.sources.kubeapi import ApiClient, ApiException, Watch, lister
-from agent.core.model import slim
+from agent.core.model import Manifest, manifest
 from agent.settings import WatchSettings
 
 log = structlog.get_logger()
@@ -40,7 +40,7 @@ class KubeSource:
         self._listers = {plural: lister(api, plural) for plural in (RULES, EIPS)}
         self._settings = settings or WatchSettings()
         self._lock = threading.Lock()
-        self._store: dict[str, dict[str, Any]] = {RULES: {}, EIPS: {}}
+        self._store: dict[str, dict[str, Manifest]] = {RULES: {}, EIPS: {}}  # what the model reads
         self._listed: set[str] = set()
         self._changed = False
         self._changes: set[tuple[str, str]] | None = None  # since the last take; None: all
@@ -87,13 +87,13 @@ class KubeSource:
             changes, self._changes = self._changes, set()
             return changes
 
-    def named(self, kind: str, name: str) -> list[Any]:
+    def named(self, kind: str, name: str) -> list[Manifest]:
         plural = RULES if kind == KINDS[RULES] else EIPS if kind == KINDS[EIPS] else None
         with self._lock:
             obj = self._store[plural].get(name) if plural else None
         return [obj] if obj is not None else []
 
-    def objects(self) -> list[Any]:
+    def objects(self) -> list[Manifest]:
         with self._lock:
             return [obj for plural in (EIPS, RULES) for obj in self._store[plural].values()]
 
@@ -137,7 +137,7 @@ class KubeSource:
         its decoded objects several times that, at once. The pages are one consistent list
         (one resourceVersion, by their continue tokens); a token that expires mid-list
         (410) starts the list again."""
-        items: dict[str, Any] = {}
+        items: dict[str, Manifest] = {}
         token: str | None = None
         timeout = (self._settings.connect_timeout, self._settings.inactivity_timeout)
         while True:
@@ -151,7 +151,8 @@ class KubeSource:
                     continue
                 raise
             for o in answer.get("items") or ():
-                items[o["metadata"]["name"]] = _with_kind(plural, o)
+                if (kept := _manifest(plural, o)) is not None:
+                    items[kept.name] = kept
             meta = answer.get("metadata") or {}
             token = meta.get("continue")
             del answer  # the page's whole objects: free before the next one arrives
@@ -207,19 +208,21 @@ class KubeSource:
         if kind == "BOOKMARK":
             return
         name = meta.get("name")
+        kept = _manifest(plural, obj) if kind != "DELETED" else None
         with self._lock:
-            if kind == "DELETED":
+            if kept is None:  # deleted, or now what the model ignores (being deleted): gone
                 if self._store[plural].pop(name, None) is None:
                     return
             else:
-                self._store[plural][name] = _with_kind(plural, obj)
+                self._store[plural][name] = kept
             self._changed_now()
             if self._changes is not None:
                 self._changes.add((KINDS[plural], name))
         self._wake()
 
 
-def _with_kind(plural: str, obj: dict[str, Any]) -> dict[str, Any]:
-    # List items of custom resources carry their kind, but nothing downstream should
-    # depend on the server filling it in. Kept slim: only what the model reads.
-    return slim(obj if obj.get("kind") else {**obj, "kind": KINDS[plural]})
+def _manifest(plural: str, obj: dict[str, Any]) -> Manifest | None:
+    """What the model reads of an object (None: what it ignores). List items of custom
+    resources carry their kind, but nothing downstream should depend on the server
+    filling it in."""
+    return manifest(obj if obj.get("kind") else {**obj, "kind": KINDS[plural]})

@@ -32,15 +32,13 @@ from agent import log  # noqa: E402
 from agent.kernel import nfnetlink as nl  # noqa: E402
 from agent.kernel import nftread  # noqa: E402
 from agent.kernel import nftuapi as uapi  # noqa: E402
-from agent.core.desired import desired_services  # noqa: E402
 from agent.sources.directory import DirectorySource  # noqa: E402
-from agent.core.model import build_inventory  # noqa: E402
 from agent.run.daemon import connected  # noqa: E402
-from agent.core.render import render  # noqa: E402
-from agent.core.ruleset import EMPTY, Ruleset, from_listing  # noqa: E402
+from agent.core.ruleset import EMPTY, Ruleset  # noqa: E402
 from agent.settings import Settings  # noqa: E402
 from tests.nftnotify import Decoder  # noqa: E402
 from bench import identities as ids  # noqa: E402
+from tests.oracles import build_inventory, desired_services, from_listing, render  # noqa: E402
 
 SETTINGS = Settings(gateway="gw1", conntrack=False)
 # The neighbour: another table in the namespace, one commit every ~100 ms.
