@@ -1,6 +1,6 @@
 """The agent under test, as a process: `python -m agent.cli --log-format json run ...` in a
-network namespace, from a code tree (this one, or an older commit unpacked aside with
-common.unpack), its JSON log in a file. The busy neighbour, cleanup and footprint
+network namespace, from a code tree (this one, or an older commit unpacked aside:
+common.versions), its JSON log in a file. The busy neighbour, cleanup and footprint
 benchmarks all start, watch, read and stop it through this class."""
 from __future__ import annotations
 

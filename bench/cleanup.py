@@ -48,7 +48,7 @@ from typing import Any
 from bench import common
 from bench.agent_driver import Agent
 from bench.common import (PYTHON, REPO, Probe, child_env, exec_in, machine, namespace, python_in, settle,
-                          unpack, wait_for)
+                          wait_for)
 from bench.identities import Identity, _eip_object, _rule_object, _write_atomic
 from lab.topology import BACKEND_UDP_PORT, EIPS, Lab, cleanup_stale
 
@@ -253,19 +253,13 @@ def run(n: int, m: int, baseline: str | None, gap: float, timeout: float, reps: 
     """Both versions, then the decoders; every namespace made is gone when it returns (or raises)."""
     started = time.perf_counter()
     code = common.code()
-    head = code["commit"][:7]
-    changed = [f for f in code["changed"] if f.startswith("agent")]
     res: dict[str, Any] = {"n": n, "m": m, "gap_s": gap, "udp_timeout": UDP_TIMEOUT, "eip": EIP,
                            "machine": machine(), "code": code, "pid": os.getpid(),
                            "started": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                            "loadavg_start": os.getloadavg()[0], "versions": []}
-    if baseline:
-        commit = common.short(baseline)
-        with tempfile.TemporaryDirectory(prefix="natgw-baseline-") as d:
-            res["versions"].append(version(unpack(baseline, Path(d)), f"before ({commit})", commit, n, gap, timeout))
+    for tree, label, commit in common.versions(baseline):
+        res["versions"].append(version(tree, label, commit, n, gap, timeout))
         settle(20)
-    res["versions"].append(version(REPO, f"this tree ({head}{'+changes' if changed else ''})", head, n, gap, timeout))
-    settle(20)
     res["decode"] = decode(m, reps)
     res["runtime_s"] = time.perf_counter() - started
     res["loadavg_end"] = os.getloadavg()[0]

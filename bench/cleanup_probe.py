@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.busy_probe import Probe as TableProbe
+from bench.busy_probe import serve as answer
 
 COUNT = Path("/proc/sys/net/netfilter/nf_conntrack_count")
 POLL_INTERVAL = 0.005
@@ -124,19 +125,8 @@ class Probe(TableProbe):
 
 
 def serve() -> int:
-    """Answer requests until "quit" (or the end of stdin); an op that fails answers its error."""
     probe = Probe()
-    ops = {"identities": probe.identities, "flows": probe.flows, "watch": probe.watch}
-    print(json.dumps({"ready": True}), flush=True)
-    for req in map(json.loads, sys.stdin):
-        op = ops.get(req["op"])
-        if op is None:
-            return 0
-        try:
-            print(json.dumps(op(req), default=str), flush=True)
-        except Exception as err:  # the parent reports it; the probe keeps serving
-            print(json.dumps({"error": f"{type(err).__name__}: {err}"}), flush=True)
-    return 0
+    return answer({"identities": probe.identities, "flows": probe.flows, "watch": probe.watch})
 
 
 def decode(eip: str, reps: int) -> dict[str, Any]:

@@ -182,6 +182,18 @@ def unpack(ref: str, into: Path) -> Path:
     return into
 
 
+def versions(baseline: str | None) -> Iterator[tuple[Path, str, str]]:
+    """(tree, label, commit) of each code version measured side by side: with a baseline,
+    that commit unpacked aside (removed when the next is asked for); then this tree."""
+    if baseline:
+        commit = short(baseline)
+        with tempfile.TemporaryDirectory(prefix="natgw-baseline-") as d:
+            yield unpack(baseline, Path(d)), f"before ({commit})", commit
+    head = code()
+    commit, changed = head["commit"][:7], any(f.startswith("agent") for f in head["changed"])
+    yield REPO, f"this tree ({commit}{'+changes' if changed else ''})", commit
+
+
 # --- a probe: a process in a namespace that answers one JSON line per request -----------------
 
 class Probe:

@@ -48,7 +48,7 @@ from pyroute2.netns import create_socket
 from bench import common
 from bench import identities as ids_mod
 from bench.agent_driver import GATEWAY, Agent
-from bench.common import PYTHON, REPO, child_env, machine, unpack
+from bench.common import PYTHON, REPO, child_env, machine
 from lab.topology import Lab
 from tests.kubefake import FakeKube
 
@@ -344,16 +344,9 @@ def version(code: Path, label: str, sizes: tuple[int, ...], detail: bool, reacti
 
 def run(sizes: tuple[int, ...], baseline: str | None, reaction_at: int = REACTION_N,
         counts: Counts = Counts(), trace: bool = True) -> dict[str, Any]:
-    head = common.short("HEAD")
-    dirty = any(f.startswith("agent") for f in common.code()["changed"])
     result: dict[str, Any] = {"machine": machine(), "sizes": list(sizes), "targets": TARGETS, "versions": []}
-    if baseline:
-        with tempfile.TemporaryDirectory(prefix="natgw-baseline-") as d:
-            commit = common.short(baseline)
-            result["versions"].append(version(unpack(baseline, Path(d)), f"before ({commit})", sizes, trace,
-                                              reaction_at, counts))
-    result["versions"].append(version(REPO, f"this tree ({head}{'+changes' if dirty else ''})", sizes, trace,
-                                          reaction_at, counts))
+    for tree, label, _ in common.versions(baseline):
+        result["versions"].append(version(tree, label, sizes, trace, reaction_at, counts))
     return result
 
 
