@@ -8,7 +8,8 @@ closed (so they also die when the parent dies) or they are signalled.
 
 scapy reads interfaces and routes at import time, so it is imported lazily,
 only by the subcommands that need it (``sniff``, ``syn``) and therefore only
-inside the namespace.  ``serve``, ``connect`` and ``udp`` use plain sockets.
+inside the namespace.  ``serve``, ``connect`` and ``udp`` use plain sockets, as do
+the benchmarks' (bench/) ``serve-addr``, ``timed``, ``reach`` and ``udp-ports``.
 """
 
 from __future__ import annotations
