@@ -35,7 +35,7 @@ import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import Any
 
 from agent.core.layout import (
     affinity_set,
@@ -44,15 +44,12 @@ from agent.core.layout import (
     slot_chain,
     sticky_chain,
 )
-from agent.ops.status import query
 from bench import identities as ids_mod
-from bench import netns
-from bench.netns import PYTHON, REPO, Netns, child_env
-from bench.run import machine
+from bench.agent_driver import GATEWAY, METRICS_URL, Agent
+from bench.common import (PYTHON, REPO, Probe, child_env, cleanup_stale, code, cpu_times, end, in_ns,
+                          install_signal_handlers, machine, namespace, settle, wait_for)
 
-GATEWAY = "gw1"
 TABLE = "natgw"
-METRICS_URL = "http://127.0.0.1:10299/metrics"  # the agent's default --metrics-addr
 NEIGHBOUR_INTERVAL = 0.1
 CLIENTS = 20  # pinned clients of the ClientIP identity, spread over its 4 slots
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -78,117 +75,19 @@ def _stats(xs: list[float]) -> dict[str, float | None]:
     return {"median": statistics.median(xs) if xs else None, "max": max(xs) if xs else None}
 
 
-# --- the processes in the namespace ---------------------------------------------------
-
-class Probe:
-    """bench.busy_probe in the namespace: asked one JSON line at a time."""
-
-    def __init__(self, ns: Netns) -> None:
-        self.proc = subprocess.Popen(ns.argv([PYTHON, "-m", "bench.busy_probe"]), stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, cwd=REPO, env=child_env())
-        self._line()
-
-    def _line(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the probe ended (rc {self.proc.wait()})")
-        return json.loads(line)
-
-    def ask(self, op: str, **kw: Any) -> dict[str, Any]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"op": op, **kw}) + "\n")
-        self.proc.stdin.flush()
-        answer = self._line()
-        if "error" in answer:
-            raise RuntimeError(f"probe {op}: {answer['error']}")
-        return answer
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.ask("quit")
-            except (OSError, RuntimeError, ValueError):
-                pass
-        _end(self.proc)
-
-
-class Agent:
-    """`python -m agent.cli run` in the namespace, its JSON log in a file."""
-
-    def __init__(self, ns: Netns, rules: Path, state: Path, log_path: Path) -> None:
-        self.ns, self.rules, self.state, self.log_path = ns, rules, state, log_path
-        self.sock = state / "agent.sock"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
-
-    def start(self) -> None:
-        env = child_env()
-        env["PYTHONUNBUFFERED"] = "1"
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            self.ns.argv([PYTHON, "-m", "agent.cli", "--log-format", "json", "run", "--gateway", GATEWAY,
-                          "--from-dir", str(self.rules), "--state-dir", str(self.state)]),
-            stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
-
-    def is_agent(self) -> bool:
-        """`ip netns exec` execs the command: the pid measured is the agent's own."""
-        assert self.proc is not None
-        try:
-            return b"agent.cli" in Path(f"/proc/{self.proc.pid}/cmdline").read_bytes()
-        except OSError:
-            return False
-
-    def ready(self) -> bool:
-        try:
-            return bool(query(self.sock, "ready", timeout=1.0).get("ok"))
-        except (OSError, ValueError):
-            return False
-
-    def ticks(self) -> tuple[int, int]:
-        """(utime + stime, cutime + cstime) of the agent's process, all its threads."""
-        assert self.proc is not None
-        stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
-        f = stat[stat.rindex(")") + 2:].split()
-        return int(f[11]) + int(f[12]), int(f[13]) + int(f[14])
-
-    def events(self) -> list[dict[str, Any]]:
-        out = []
-        for line in self.log_path.read_text(errors="replace").splitlines():
-            if line.startswith("{"):
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    pass
-        return out
-
-    def drifts(self) -> int:
-        return sum(1 for e in self.events() if str(e.get("event", "")).startswith("drift"))
-
-    def stop(self, sig: int = signal.SIGTERM) -> int | None:
-        if self.proc is None:
-            return None
-        rc = _end(self.proc, sig, 15)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-        return rc
-
-    def tail(self, lines: int = 30) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
+# --- the neighbour ----------------------------------------------------------------------
 
 class Neighbour:
     """lab.neighbour in the namespace: another table committing every interval."""
 
-    def __init__(self, ns: Netns, interval: float = NEIGHBOUR_INTERVAL) -> None:
-        self.proc = subprocess.Popen(ns.argv([PYTHON, "-m", "lab.neighbour", "--interval", str(interval)]),
+    def __init__(self, ns: str, interval: float = NEIGHBOUR_INTERVAL) -> None:
+        self.proc = subprocess.Popen(in_ns(ns, [PYTHON, "-m", "lab.neighbour", "--interval", str(interval)]),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO,
                                      env=child_env())
         assert self.proc.stdout is not None
         first = self.proc.stdout.readline().strip()
         if first != "ready":
-            _end(self.proc)
+            end(self.proc)
             raise RuntimeError(f"the neighbour did not start: {first!r}")
 
     def stop(self) -> dict[str, Any]:
@@ -196,29 +95,8 @@ class Neighbour:
             out, _ = self.proc.communicate(timeout=15)  # stdin closed: it ends
             return json.loads(out.strip().splitlines()[-1])
         except (subprocess.TimeoutExpired, ValueError, IndexError):
-            _end(self.proc)
+            end(self.proc)
             return {"commits": None, "failures": None}
-
-
-def _end(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, wait: float = 5.0) -> int:
-    """Send sig if it still runs; SIGKILL after `wait` s. Its exit code."""
-    if proc.poll() is None:
-        proc.send_signal(sig)
-    try:
-        return proc.wait(wait)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait()
-
-
-def wait_for(check: Callable[[], Any], timeout: float, interval: float, what: str) -> float:
-    """Seconds until check() is true; raises after timeout."""
-    t0 = time.perf_counter()
-    while not check():
-        if time.perf_counter() - t0 > timeout:
-            raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
-    return time.perf_counter() - t0
 
 
 # --- what is measured ------------------------------------------------------------------
@@ -226,13 +104,13 @@ def wait_for(check: Callable[[], Any], timeout: float, interval: float, what: st
 def cpu_window(agent: Agent, seconds: float) -> dict[str, Any]:
     """The agent's CPU over `seconds` at rest, as % of one core; and how busy the whole
     machine was meanwhile (others' load shows there)."""
-    busy0, total0 = netns._cpu_times()
+    busy0, total0 = cpu_times()
     a0, c0 = agent.ticks()
     w0 = time.perf_counter()
     time.sleep(seconds)
     a1, c1 = agent.ticks()
     wall = time.perf_counter() - w0
-    busy1, total1 = netns._cpu_times()
+    busy1, total1 = cpu_times()
     return {"percent": (a1 - a0) / CLK_TCK / wall * 100, "ticks": a1 - a0, "children_ticks": c1 - c0,
             "wall_s": wall, "machine_busy": (busy1 - busy0) / max(1, total1 - total0)}
 
@@ -292,12 +170,12 @@ def repairs(agent: Agent, probe: Probe, cases: dict[str, dict[str, Any]], reps: 
     return out
 
 
-def commands(probe: Probe, agent: Agent) -> dict[str, Any]:
+def commands(probe: Probe, agent: Agent, rules: Path) -> dict[str, Any]:
     cli = [PYTHON, "-m", "agent.cli"]
     jobs = {
         "show": ([*cli, "show", "--state-dir", str(agent.state)], "show"),
         "show_json": ([*cli, "show", "--json", "--state-dir", str(agent.state)], "show-json"),
-        "diff": ([*cli, "diff", "--gateway", GATEWAY, "--from-dir", str(agent.rules)], "diff"),
+        "diff": ([*cli, "diff", "--gateway", GATEWAY, "--from-dir", str(rules)], "diff"),
     }
     out = {}
     for name, (argv, parse) in jobs.items():
@@ -386,19 +264,6 @@ def checks(res: dict[str, Any], n: int) -> dict[str, bool]:
     }
 
 
-def code() -> dict[str, Any]:
-    """The commit measured and the files of the agent (and the lab's neighbour) that differ
-    from it in the working tree."""
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=30,
-                                  check=False).stdout.rstrip("\n")
-        except OSError:
-            return ""
-    return {"commit": git("rev-parse", "HEAD").strip() or "unknown",
-            "changed": [line[3:] for line in git("status", "--porcelain", "--", "agent", "lab").splitlines()]}
-
-
 def run(n: int, reps: int, cpu_seconds: float, later_scrapes: int, readbacks: int) -> dict[str, Any]:
     started = time.perf_counter()
     m = machine()
@@ -412,15 +277,15 @@ def run(n: int, reps: int, cpu_seconds: float, later_scrapes: int, readbacks: in
     idents = ids_mod.identities(n, False)
     sticky = ids_mod.identities(n + 1, True)[n]  # the ClientIP identity: an EIP of its own
     work = Path(tempfile.mkdtemp(prefix="natgw-busy-"))
-    rules, state = work / "rules", work / "state"
+    rules = work / "rules"
     try:
         ids_mod.write_manifests(rules, [*idents, sticky])
-        with Netns("b") as ns:
-            probe = Probe(ns)
-            agent = Agent(ns, rules, state, work / "agent.log")
+        with namespace() as ns:
+            probe = Probe(ns, "bench.busy_probe")
+            agent = Agent(ns, ["--from-dir", str(rules)], work)
             neighbour: Neighbour | None = None
             try:
-                log(f"{ns.name}: agent starting with {n:,} identities x {ids_mod.BACKENDS} + 1 ClientIP")
+                log(f"{ns}: agent starting with {n:,} identities x {ids_mod.BACKENDS} + 1 ClientIP")
                 t0 = time.perf_counter()
                 agent.start()
                 wait_for(agent.ready, 300, 0.05, "the agent ready")
@@ -438,7 +303,7 @@ def run(n: int, reps: int, cpu_seconds: float, later_scrapes: int, readbacks: in
                 log(f"ready in {res['first_ready_s']:.1f} s, programmed in {res['programmed_s']:.1f} s; "
                     f"{res['pins']} clients pinned; {res['table']}")
 
-                netns.settle(10)
+                settle(10)
                 log(f"cpu at rest, no neighbour ({cpu_seconds:.0f} s)")
                 res["cpu"] = {"quiet": cpu_window(agent, cpu_seconds)}
                 neighbour = Neighbour(ns)
@@ -456,7 +321,7 @@ def run(n: int, reps: int, cpu_seconds: float, later_scrapes: int, readbacks: in
                     raise RuntimeError(f"pinning clients again failed: {again['stderr']}")
 
                 log("show, show --json, diff beside the neighbour")
-                res["commands"] = commands(probe, agent)
+                res["commands"] = commands(probe, agent, rules)
                 log("metrics scrapes beside the neighbour")
                 res["scrape"] = scrapes(probe, later_scrapes)
                 log("restart beside the neighbour (SIGKILL, start)")
@@ -465,7 +330,7 @@ def run(n: int, reps: int, cpu_seconds: float, later_scrapes: int, readbacks: in
                 neighbour = None
                 log(f"neighbour: {res['neighbour']}")
 
-                netns.settle(10)
+                settle(10)
                 log("full read-back, quiet")
                 runs = [probe.ask("read") for _ in range(readbacks)]
                 res["readback"] = {"runs": runs, "first_s": runs[0]["seconds"],
@@ -503,14 +368,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if os.geteuid() != 0:
         p.error("must run as root (it creates a network namespace)")
-    netns.install_signal_handlers()
-    stale = netns.cleanup_stale()
+    install_signal_handlers()
+    stale = cleanup_stale()
     if stale:
         log(f"removed namespaces of an earlier, killed run: {', '.join(stale)}")
-    try:
-        res = run(args.n, args.reps, args.cpu_seconds, args.scrapes, args.readbacks)
-    finally:
-        netns.close_all()
+    res = run(args.n, args.reps, args.cpu_seconds, args.scrapes, args.readbacks)
     doc = json.dumps(res, indent=1, default=str)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -33,7 +33,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import Any, Callable
 
 from agent.kernel import nfnetlink as nl
 from agent.kernel import nftread as nr
@@ -207,13 +207,11 @@ def _entries(st: nr.TableState) -> dict[str, list[str]]:
     return {name: sorted(" . ".join(map(str, key)) for key, _ in found) for name, found in st.entries.items()}
 
 
-def main() -> int:
-    probe = Probe()
-    ops = {"snapshot": probe.snapshot, "compare": probe.compare, "damage": probe.damage, "nft": probe.nft,
-           "run": probe.run, "scrape": probe.scrape, "read": probe.read}
+def serve(ops: dict[str, Callable[[dict[str, Any]], dict[str, Any]]]) -> int:
+    """Answer one JSON request a line until "quit" (or the end of stdin); an op that fails
+    answers its error."""
     print(json.dumps({"ready": True}), flush=True)
-    for line in sys.stdin:
-        req = json.loads(line)
+    for req in map(json.loads, sys.stdin):
         if req["op"] == "quit":
             break
         try:
@@ -222,6 +220,12 @@ def main() -> int:
             answer = {"error": f"{type(err).__name__}: {err}"}
         print(json.dumps(answer, default=str), flush=True)
     return 0
+
+
+def main() -> int:
+    probe = Probe()
+    return serve({"snapshot": probe.snapshot, "compare": probe.compare, "damage": probe.damage, "nft": probe.nft,
+                  "run": probe.run, "scrape": probe.scrape, "read": probe.read})
 
 
 if __name__ == "__main__":

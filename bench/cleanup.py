@@ -37,7 +37,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,15 +45,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from bench import busy, netns
-from bench.busy import wait_for
-from bench.footprint import unpack
+from bench import common
+from bench.agent_driver import Agent
+from bench.common import (PYTHON, REPO, Probe, child_env, exec_in, machine, namespace, python_in, settle,
+                          wait_for)
 from bench.identities import Identity, _eip_object, _rule_object, _write_atomic
-from bench.netns import PYTHON, REPO, Netns, child_env
-from bench.run import machine
 from lab.topology import BACKEND_UDP_PORT, EIPS, Lab, cleanup_stale
 
-GATEWAY = busy.GATEWAY
 EIP = EIPS[0]
 FIRST_PORT = 20000  # the removed identities' ports: FIRST_PORT .. FIRST_PORT + N - 1
 OTHER_PORT = 80
@@ -69,49 +66,6 @@ TARGETS = {"change_in_kernel": (0.1, "s"), "cleanup_completes": (None, "s")}
 
 def log(msg: str) -> None:
     print(f"cleanup: {msg}", file=sys.stderr, flush=True)
-
-
-class _Gateway:
-    """The lab's gateway namespace, as busy.Agent runs commands in a namespace."""
-
-    def __init__(self, lab: Lab) -> None:
-        self.lab = lab
-
-    def argv(self, argv: list[str]) -> list[str]:
-        return self.lab.gw_exec_argv(argv)
-
-
-class Agent(busy.Agent):
-    """The agent of one code tree (its own PYTHONPATH and working directory) in the lab's
-    gateway namespace, its JSON log in a file."""
-
-    def __init__(self, lab: Lab, code: Path, rules: Path, work: Path) -> None:
-        super().__init__(_Gateway(lab), rules, work / "state", work / "agent.log")  # type: ignore[arg-type]
-        self.code = code
-
-    def start(self) -> None:
-        env = {**child_env(), "PYTHONPATH": str(self.code), "PYTHONUNBUFFERED": "1"}
-        self._log = open(self.log_path, "ab")
-        argv = [PYTHON, "-m", "agent.cli", "--log-format", "json", "run", "--gateway", GATEWAY,
-                "--from-dir", str(self.rules), "--state-dir", str(self.state)]
-        self.proc = subprocess.Popen(self.ns.argv(argv), stdin=subprocess.DEVNULL, stdout=self._log,
-                                     stderr=subprocess.STDOUT, cwd=self.code, env=env)
-
-
-class Probe(busy.Probe):
-    """bench.cleanup_probe in the lab's gateway namespace."""
-
-    def __init__(self, lab: Lab) -> None:
-        self.proc = lab.popen_in(lab.gw_ns, [PYTHON, "-m", "bench.cleanup_probe", "serve"], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, text=True, cwd=REPO, env=child_env())
-        self._line()
-
-    def result(self) -> dict[str, Any]:
-        """The second answer of a watch."""
-        answer = self._line()
-        if "error" in answer:
-            raise RuntimeError(f"probe watch: {answer['error']}")
-        return answer
 
 
 def _list(identities: list[Identity]) -> dict[str, Any]:
@@ -176,22 +130,22 @@ def version(code: Path, label: str, commit: str, n: int, gap: float, timeout: fl
                                f"net.netfilter.nf_conntrack_udp_timeout_stream={UDP_TIMEOUT}"], check=True)
         res["udp_timeout"] = int(lab.run_in(lab.gw_ns, ["sysctl", "-n", "net.netfilter.nf_conntrack_udp_timeout"],
                                             check=True).stdout)
-        agent = Agent(lab, code, rules, work)
+        agent = Agent(lab.gw_ns, ["--from-dir", str(rules)], work, code=code)
         t0 = time.perf_counter()
         agent.start()
         wait_for(agent.ready, 120, 0.05, "the agent ready")
         res["ready_s"] = time.perf_counter() - t0
-        probe = Probe(lab)
+        probe = Probe(lab.gw_ns, "bench.cleanup_probe", ["serve"])
         wait_for(lambda: probe.ask("identities")["identities"] == n + 1, 120, 0.2, f"{n + 1} identities programmed")
         res["programmed_s"] = time.perf_counter() - t0
         res["identities_before"] = n + 1
-        sent = lab.run_in(lab.client_ns, [PYTHON, "-m", "bench.cleanup_probe", "traffic", "--eip", EIP,
-                                          "--lo", str(lo), "--hi", str(hi)], cwd=REPO, env=child_env(), check=True)
+        sent = lab.run_in(lab.client_ns, [PYTHON, "-m", "lab.traffic", "udp-ports", "--dst", EIP, "--lo", str(lo),
+                                          "--hi", str(hi)], cwd=REPO, env=child_env(), check=True)
         res["traffic"] = json.loads(sent.stdout)
         res["flows_before"] = probe.ask("flows", eip=EIP, lo=lo, hi=hi)
         log(f"  ready in {res['ready_s']:.1f} s, {n + 1} identities in {res['programmed_s']:.1f} s; "
             f"{res['traffic']['answered']} of {n} answered; conntrack: {res['flows_before']}")
-        netns.settle(10)
+        settle(10)
 
         watch = [[f"backend_{slot}", EIP, "tcp", OTHER_PORT] for slot in (0, 1)]
         res["armed"] = probe.ask("watch", eip=EIP, lo=lo, hi=hi, watch=watch, backend=b2, timeout=timeout)
@@ -200,7 +154,7 @@ def version(code: Path, label: str, commit: str, n: int, gap: float, timeout: fl
         time.sleep(max(0.0, removed_at + gap - time.time()))
         _write_atomic(rules / "other.json", _list([changed]))
         changed_at = time.time()
-        seen = probe.result()
+        seen = probe.line()  # the watch's second answer
         time.sleep(1.0)  # the log lines of what was just done
         gone_s = seen["gone_at"] - removed_at if seen["gone_at"] is not None else None
         landed_s = seen["landed_at"] - changed_at if seen["landed_at"] is not None else None
@@ -213,7 +167,7 @@ def version(code: Path, label: str, commit: str, n: int, gap: float, timeout: fl
         res["identities_after"] = probe.ask("identities")["identities"]
         res["flows_after"] = probe.ask("flows", eip=EIP, lo=lo, hi=hi)
         res["agent_log"] = agent_account(agent.events(), removed_at, changed_at, n)
-        res["agent_alive"] = agent.proc is not None and agent.proc.poll() is None
+        res["agent_alive"] = agent.alive()
         log(f"  flows gone {_s(gone_s)} after the removal (by {seen['gone_by']}); the change in the kernel "
             f"{_s(landed_s)} after it was written; log: {res['agent_log']['removal_sync']}, "
             f"{res['agent_log']['change_sync']}, {res['agent_log']['cleaned_removal']}")
@@ -281,12 +235,12 @@ def entries_script(m: int) -> str:
 
 def decode(m: int, reps: int) -> dict[str, Any]:
     log(f"decoding a dump of {m:,} entries, {reps} times each")
-    with Netns("d") as ns, tempfile.NamedTemporaryFile("w", suffix=".ct") as f:
+    with namespace() as ns, tempfile.NamedTemporaryFile("w", suffix=".ct") as f:
         f.write(entries_script(m))
         f.flush()
-        ns.exec(["conntrack", "-R", f.name])
-        held = int(ns.exec(["cat", "/proc/sys/net/netfilter/nf_conntrack_count"]).stdout)
-        out = json.loads(ns.python("bench.cleanup_probe", ["decode", "--eip", EIP, "--reps", str(reps)]).stdout)
+        exec_in(ns, ["conntrack", "-R", f.name])
+        held = int(exec_in(ns, ["cat", "/proc/sys/net/netfilter/nf_conntrack_count"]).stdout)
+        out = json.loads(python_in(ns, "bench.cleanup_probe", ["decode", "--eip", EIP, "--reps", str(reps)]).stdout)
     res: dict[str, Any] = {"m": m, "held": held, "reps": reps, "decoders": out}
     for name, d in out.items():
         log(f"  {name}: {d['median_s'] * 1e3:.0f} ms, {d['entries_per_s']:,.0f} entries/s")
@@ -297,29 +251,15 @@ def decode(m: int, reps: int) -> dict[str, Any]:
 
 def run(n: int, m: int, baseline: str | None, gap: float, timeout: float, reps: int) -> dict[str, Any]:
     """Both versions, then the decoders; every namespace made is gone when it returns (or raises)."""
-    try:
-        return _run(n, m, baseline, gap, timeout, reps)
-    finally:
-        netns.close_all()
-
-
-def _run(n: int, m: int, baseline: str | None, gap: float, timeout: float, reps: int) -> dict[str, Any]:
     started = time.perf_counter()
-    code = busy.code()
-    head = code["commit"][:7]
-    changed = [f for f in code["changed"] if f.startswith("agent")]
+    code = common.code()
     res: dict[str, Any] = {"n": n, "m": m, "gap_s": gap, "udp_timeout": UDP_TIMEOUT, "eip": EIP,
                            "machine": machine(), "code": code, "pid": os.getpid(),
                            "started": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                            "loadavg_start": os.getloadavg()[0], "versions": []}
-    if baseline:
-        commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", baseline], capture_output=True,
-                                text=True, check=True).stdout.strip()
-        with tempfile.TemporaryDirectory(prefix="natgw-baseline-") as d:
-            res["versions"].append(version(unpack(baseline, Path(d)), f"before ({commit})", commit, n, gap, timeout))
-        netns.settle(20)
-    res["versions"].append(version(REPO, f"this tree ({head}{'+changes' if changed else ''})", head, n, gap, timeout))
-    netns.settle(20)
+    for tree, label, commit in common.versions(baseline):
+        res["versions"].append(version(tree, label, commit, n, gap, timeout))
+        settle(20)
     res["decode"] = decode(m, reps)
     res["runtime_s"] = time.perf_counter() - started
     res["loadavg_end"] = os.getloadavg()[0]
@@ -349,8 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     m = args.m or (QUICK_M if args.quick else 20000)
     if not 1 <= n <= 45000:
         p.error("--n must be between 1 and 45000 (one port each)")
-    netns.install_signal_handlers()
-    stale = netns.cleanup_stale() + cleanup_stale(LAB_PREFIX)
+    common.install_signal_handlers()
+    stale = common.cleanup_stale() + cleanup_stale(LAB_PREFIX)
     if stale:
         log(f"removed namespaces of an earlier, killed run: {', '.join(stale)}")
     res = run(n, m, args.baseline, args.gap, args.timeout, args.reps)

@@ -14,11 +14,6 @@ so that none of its work runs in the agent's process:
                                          the watched map elements leads to IP; answers
                                          again with when each happened (wall clock)
       {"op": "quit"}
-  python -m bench.cleanup_probe traffic --eip E --lo L --hi H
-                                         in the client namespace: one UDP datagram to each
-                                         port from one socket (a conntrack entry each),
-                                         read the backends' answers, ask again for the
-                                         unanswered; prints what it got
   python -m bench.cleanup_probe decode --eip E --reps R
                                          in a namespace holding conntrack entries toward E:
                                          decode the dump with agent.kernel.ctnetlink and with
@@ -42,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.busy_probe import Probe as TableProbe
+from bench.busy_probe import serve as answer
 
 COUNT = Path("/proc/sys/net/netfilter/nf_conntrack_count")
 POLL_INTERVAL = 0.005
@@ -129,51 +125,8 @@ class Probe(TableProbe):
 
 
 def serve() -> int:
-    """Answer requests until "quit" (or the end of stdin); an op that fails answers its error."""
     probe = Probe()
-    ops = {"identities": probe.identities, "flows": probe.flows, "watch": probe.watch}
-    print(json.dumps({"ready": True}), flush=True)
-    for req in map(json.loads, sys.stdin):
-        op = ops.get(req["op"])
-        if op is None:
-            return 0
-        try:
-            print(json.dumps(op(req), default=str), flush=True)
-        except Exception as err:  # the parent reports it; the probe keeps serving
-            print(json.dumps({"error": f"{type(err).__name__}: {err}"}), flush=True)
-    return 0
-
-
-def traffic(eip: str, lo: int, hi: int, rounds: int = 5, chunk: int = 100) -> dict[str, Any]:
-    """One datagram to each port from one socket, in chunks the backend keeps up with;
-    the unanswered asked again (the same flow: same ports), up to `rounds` times."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
-    s.bind(("0.0.0.0", 0))
-    answers: dict[int, str] = {}
-    sent = 0
-    for _ in range(rounds):
-        missing = [p for p in range(lo, hi) if p not in answers]
-        for start in range(0, len(missing), chunk):
-            part = missing[start:start + chunk]
-            for port in part:
-                s.sendto(b"?", (eip, port))
-            sent += len(part)
-            deadline = time.monotonic() + 1.0
-            while any(p not in answers for p in part) and time.monotonic() < deadline:
-                s.settimeout(max(0.001, deadline - time.monotonic()))
-                try:
-                    data, (_, port) = s.recvfrom(2048)
-                except socket.timeout:
-                    break
-                answers[port] = data.decode(errors="replace").strip()
-        if len(answers) == hi - lo:
-            break
-    by_backend: dict[str, int] = {}
-    for name in answers.values():
-        by_backend[name] = by_backend.get(name, 0) + 1
-    return {"ports": hi - lo, "sent": sent, "answered": len(answers), "by_backend": by_backend,
-            "source_port": s.getsockname()[1]}
+    return answer({"identities": probe.identities, "flows": probe.flows, "watch": probe.watch})
 
 
 def decode(eip: str, reps: int) -> dict[str, Any]:
@@ -225,18 +178,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.cleanup_probe")
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("serve")
-    t = sub.add_parser("traffic")
     d = sub.add_parser("decode")
-    for q in (t, d):
-        q.add_argument("--eip", required=True)
-    t.add_argument("--lo", type=int, required=True)
-    t.add_argument("--hi", type=int, required=True)
+    d.add_argument("--eip", required=True)
     d.add_argument("--reps", type=int, default=3)
     args = p.parse_args(argv)
     if args.cmd == "serve":
         return serve()
-    result = traffic(args.eip, args.lo, args.hi) if args.cmd == "traffic" else decode(args.eip, args.reps)
-    print(json.dumps(result))
+    print(json.dumps(decode(args.eip, args.reps)))
     return 0
 
 

@@ -10,7 +10,7 @@ which holds all of 10.0.0.0/8 as local (`ip route add local 10.0.0.0/8 dev lo`) 
 one TCP server on 0.0.0.0:8080 answering with the address it was reached at. So every
 identity's rules are real and every answer names the backend the gateway picked.
 
-Gateways: the agent's table (through the agent's real code path, bench.agent_driver
+Gateways: the agent's table (through the agent's real code path, bench.sync_driver
 --sync-only), stateless or ClientIP; and an iptables linear DNAT chain (the exclusive
 path: one `-d EIP -p tcp --dport P -j DNAT --to-destination B` per identity), loaded with
 iptables-legacy-restore and with iptables-nft-restore. The target is the identity whose
@@ -21,13 +21,14 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
+import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bench import identities as ids_mod
-from bench.netns import Netns
+from bench.common import PYTHON, REPO, child_env, exec_in, namespaces, python_in
 
 SERVER_PORT = ids_mod.BACKEND_PORT
 
@@ -49,15 +50,16 @@ class Case:
 
 
 class Topology:
-    def __init__(self, label: str) -> None:
-        self.client = Netns(f"c{label}")
-        self.gateway = Netns(f"g{label}")
-        self.backend = Netns(f"b{label}")
+    """The three namespaces of a case (made by lab/topology.py), wired as above."""
+
+    def __init__(self) -> None:
+        self.lab = namespaces("client", "gw", "b1")
+        self.client, self.gateway, self.backend = (self.lab.names[r] for r in ("client", "gw", "b1"))
+        self.uses_iptables_legacy = False
 
     def __enter__(self) -> "Topology":
+        self.lab.start()
         try:
-            for ns in (self.client, self.gateway, self.backend):
-                ns.__enter__()
             self._wire()
         except BaseException:
             self.close()
@@ -68,28 +70,27 @@ class Topology:
         self.close()
 
     def close(self) -> None:
-        for ns in (self.client, self.backend, self.gateway):
-            ns.close()
+        if self.uses_iptables_legacy:  # only this namespace's: the legacy tables are not its nftables
+            exec_in(self.gateway, ["iptables-legacy", "-t", "nat", "-F"], check=False)
+        self.lab.close()
 
     def _wire(self) -> None:
         g, c, b = self.gateway, self.client, self.backend
-        g.ip(f"link add net1 type veth peer name eth0 netns {c.name}")
-        g.ip(f"link add eth0 type veth peer name eth0 netns {b.name}")
-        g.ip("addr add 192.168.100.1/24 dev net1")
-        g.ip("addr add 192.168.200.1/24 dev eth0")
-        c.ip("addr add 192.168.100.2/24 dev eth0")
-        b.ip("addr add 192.168.200.2/24 dev eth0")
-        for ns in (g, c, b):
-            ns.ip("link set eth0 up")
-            for conf in ("all", "default"):
-                ns.sysctl(f"net.ipv4.conf.{conf}.rp_filter", "0")
-        g.ip("link set net1 up")
-        g.sysctl("net.ipv4.ip_forward", "1")
-        g.ip("route add 10.0.0.0/8 via 192.168.200.2")
-        c.ip("route add 172.18.0.0/16 via 192.168.100.1")
-        b.ip("route add default via 192.168.200.1")
-        b.ip("route add local 10.0.0.0/8 dev lo")
-        server = b.popen_python("bench.tcpprobe", ["server", "--port", str(SERVER_PORT)])
+        commands = {
+            g: [f"link add net1 type veth peer name eth0 netns {c}", f"link add eth0 type veth peer name eth0 netns {b}",
+                "addr add 192.168.100.1/24 dev net1", "addr add 192.168.200.1/24 dev eth0", "link set eth0 up",
+                "link set net1 up", "route add 10.0.0.0/8 via 192.168.200.2"],
+            c: ["addr add 192.168.100.2/24 dev eth0", "link set eth0 up", "route add 172.18.0.0/16 via 192.168.100.1"],
+            b: ["addr add 192.168.200.2/24 dev eth0", "link set eth0 up", "route add default via 192.168.200.1",
+                "route add local 10.0.0.0/8 dev lo"],
+        }
+        for ns, batch in commands.items():
+            exec_in(ns, ["ip", "-batch", "-"], input="\n".join(batch) + "\n")
+            exec_in(ns, ["sysctl", "-qw", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0",
+                         *(["net.ipv4.ip_forward=1"] if ns == g else [])])
+        server = self.lab.popen_in(b, [PYTHON, "-m", "lab.traffic", "serve-addr", "--port", str(SERVER_PORT)],
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True, cwd=REPO, env=child_env())
         line = server.stdout.readline() if server.stdout else ""
         if line.strip() != "ready":
             raise RuntimeError(f"backend server did not start: {server.stderr.read() if server.stderr else ''}")
@@ -110,16 +111,16 @@ def program(case: Case, topo: Topology) -> None:
         rules = Path(tempfile.mkdtemp(prefix="natgw-bench-dp-"))
         try:
             ids_mod.write_manifests(rules, ids_mod.identities(case.n, affinity))
-            out = json.loads(g.python("bench.agent_driver", ["--dir", str(rules), "--n", str(case.n), "--sync-only"]
+            out = json.loads(python_in(g, "bench.sync_driver", ["--dir", str(rules), "--n", str(case.n), "--sync-only"]
                                       + (["--affinity"] if affinity else [])).stdout)
         finally:
             shutil.rmtree(rules, ignore_errors=True)
         case.setup = {"sync_s": out["sync_s"], "identities": out["kernel"]["identities"], "rules_or_backends": out["kernel"]["backends"]}
         return
     tool = case.kind  # iptables-legacy / iptables-nft
-    g.uses_iptables_legacy |= tool == "iptables-legacy"
-    g.exec([f"{tool}-restore"], input=_iptables_restore(ids_mod.identities(case.n, False)))
-    listed = g.exec([tool, "-t", "nat", "-S", "PREROUTING"]).stdout.splitlines()
+    topo.uses_iptables_legacy |= tool == "iptables-legacy"
+    exec_in(g, [f"{tool}-restore"], input=_iptables_restore(ids_mod.identities(case.n, False)))
+    listed = exec_in(g, [tool, "-t", "nat", "-S", "PREROUTING"]).stdout.splitlines()
     dnat = [line for line in listed if line.startswith("-A PREROUTING") and "-j DNAT" in line]
     last = ids_mod.identities(case.n, False)[-1]
     case.setup = {"identities": len(dnat), "rules_or_backends": len(dnat),
@@ -131,8 +132,9 @@ def measure_run(case: Case, topo: Topology, run: int, count: int, warmup: int) -
     first = 10000 + run * (count + warmup)
     if first + count + warmup > 65000:
         raise ValueError("too many connections for distinct source ports")
-    out = json.loads(topo.client.python("bench.tcpprobe", ["client", "--eip", t.eip, "--port", str(t.port), "--count", str(count),
-                                                            "--warmup", str(warmup), "--first-sport", str(first)]).stdout)
+    out = json.loads(python_in(topo.client, "lab.traffic", ["timed", "--dst", t.eip, "--port", str(t.port), "--count",
+                                                            str(count), "--warmup", str(warmup), "--first-sport",
+                                                            str(first)]).stdout)
     out["unexpected"] = sorted(set(out["answers"]) - case.expected_answers())
     return out
 
@@ -166,8 +168,8 @@ def run_all(kinds: list[str], sizes: list[int], runs: int, count: int, warmup: i
     cases = [Case(kind, n) for kind in kinds for n in sizes]
     topos: list[Topology] = []
     try:
-        for i, case in enumerate(cases):
-            topo = Topology(f"d{i}")
+        for case in cases:
+            topo = Topology()
             topos.append(topo)
             topo.__enter__()
             program(case, topo)

@@ -18,7 +18,7 @@ At 10,000 stateless, on that agent:
             holding it, its log) and its histogram; bursts of 20 events at once: how many
             transactions each became
   traffic   new identities created through the API, each with a reachable backend, while
-            a client (bench/reach.py) connects in a loop: from the API write to the first
+            a client (`lab.traffic reach`) connects in a loop: from the API write to the first
             connection answered
   idle      60 s with nothing happening: CPU (sum of the agent's threads' run time,
             /proc/PID/task/*/schedstat) as % of a core, and wake-ups per second
@@ -38,22 +38,20 @@ import ssl
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
-from typing import IO, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from pyroute2.netns import create_socket
 
-from agent.ops.status import query
+from bench import common
 from bench import identities as ids_mod
-from bench.netns import PYTHON, REPO, child_env
-from bench.run import machine
+from bench.agent_driver import GATEWAY, Agent
+from bench.common import PYTHON, REPO, child_env, machine
 from lab.topology import Lab
 from tests.kubefake import FakeKube
 
-GATEWAY = "gw1"
 API_PORT = 16443
 SIZES = (1000, 10000, 20000)
 REACTION_N = 10000
@@ -108,86 +106,11 @@ def objects(n: int, affinity: bool) -> tuple[list[dict[str, Any]], list[dict[str
 
 # --- the agent under test ---------------------------------------------------------------------
 
-class Agent:
-    """The agent of one code tree in the lab's gateway namespace, its JSON log in a file."""
-
-    def __init__(self, world: World, code: Path, work: Path, env: dict[str, str] | None = None) -> None:
-        self.lab, self.code, self.work = world.lab, code, work
-        self.state = work / "state"
-        self.log_path = work / "agent.log"
-        full_env = child_env()
-        full_env.update({"PYTHONPATH": str(code), "PYTHONUNBUFFERED": "1", "KUBERNETES_SERVICE_HOST": "127.0.0.1",
-                         "KUBERNETES_SERVICE_PORT": str(API_PORT)})
-        full_env.update(env or {})
-        self._log: IO[bytes] = open(self.log_path, "ab")
-        self.started = time.monotonic()
-        self.proc = self.lab.popen_in(self.lab.gw_ns, [
-            PYTHON, "-m", "agent.cli", "--log-format", "json", "run", "--gateway", GATEWAY,
-            "--token-dir", str(world.token_dir), "--event-namespace", "kube-system", "--state-dir", str(self.state)],
-            stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, cwd=code, env=full_env)
-
-    def wait_ready(self, timeout: float = 300.0) -> float:
-        deadline = self.started + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"agent exited (rc {self.proc.returncode}): {self.tail()}")
-            try:
-                if query(self.state / "agent.sock", "ready").get("ok"):
-                    return time.monotonic() - self.started
-            except (OSError, ValueError):
-                pass
-            time.sleep(0.05)
-        raise RuntimeError(f"agent not ready in {timeout} s: {self.tail()}")
-
-    def status(self) -> dict[str, int]:
-        fields = dict(line.split(":", 1) for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines())
-        return {k: int(fields[k].split()[0]) for k in ("VmRSS", "VmHWM")}
-
-    def schedstat(self) -> tuple[int, int]:
-        """(nanoseconds on a CPU, times scheduled in) summed over the agent's threads."""
-        ns = runs = 0
-        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
-            try:
-                cpu, _wait, slices = (int(x) for x in (task / "schedstat").read_text().split())
-            except (OSError, ValueError):
-                continue  # a thread that ended meanwhile
-            ns, runs = ns + cpu, runs + slices
-        return ns, runs
-
-    def events(self) -> list[dict[str, Any]]:
-        out = []
-        for line in self.log_path.read_text(errors="replace").splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass
-        return out
-
-    def synced(self) -> list[dict[str, Any]]:
-        return [e for e in self.events() if e.get("event") == "synced"]
-
-    def memory(self) -> dict[str, Any] | None:
-        try:
-            return query(self.state / "agent.sock", "memory", timeout=60.0)
-        except (OSError, ValueError):
-            return None  # an older agent: no such query
-
-    def metrics(self) -> str:
-        script = "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:10299/metrics', timeout=10).read().decode())"
-        return self.lab.run_in(self.lab.gw_ns, [PYTHON, "-c", script], timeout=30).stdout
-
-    def tail(self, lines: int = 20) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
+def start_agent(world: World, code: Path, work: Path, env: dict[str, str] | None = None) -> Agent:
+    """The agent of one code tree in the lab's gateway namespace, configured as in a pod."""
+    return Agent(world.lab.gw_ns, ["--token-dir", str(world.token_dir), "--event-namespace", "kube-system"], work,
+                 code=code, env={"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(API_PORT),
+                                 **(env or {})}).start()
 
 
 class World:
@@ -253,7 +176,7 @@ def _dist(xs: list[float]) -> dict[str, Any]:
 def memory_run(code: Path, n: int, affinity: bool, detail: bool) -> tuple[dict[str, Any], World, Agent]:
     world = World(n, affinity)
     work = Path(tempfile.mkdtemp(prefix="natgw-fp-"))
-    agent = Agent(world, code, work)
+    agent = start_agent(world, code, work)
     try:
         ready = agent.wait_ready()
         time.sleep(SETTLE)
@@ -329,7 +252,7 @@ def traffic(world: World, agent: Agent, count: int = TRAFFIC) -> dict[str, Any]:
             "apiVersion": "kubeovn.io/v1", "kind": "IptablesEIP", "metadata": {"name": eip_name},
             "spec": {"v4ip": TRAFFIC_EIP, "natGwDp": GATEWAY}, "status": {"ready": True, "ip": TRAFFIC_EIP}}))
         time.sleep(0.5)
-    client = world.lab.popen_in(world.lab.client_ns, [PYTHON, "-m", "bench.reach"], stdin=subprocess.PIPE,
+    client = world.lab.popen_in(world.lab.client_ns, [PYTHON, "-m", "lab.traffic", "reach"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, text=True, cwd=REPO, env=child_env())
     assert client.stdin is not None and client.stdout is not None
     json.loads(client.stdout.readline())
@@ -373,8 +296,8 @@ def traced(code: Path, n: int) -> dict[str, Any] | None:
     world = World(n, False)
     work = Path(tempfile.mkdtemp(prefix="natgw-fp-"))
     probe = work / "memprobe.json"
-    agent = Agent(world, code, work, env={"PYTHONTRACEMALLOC": "1", "NATGW_MEMPROBE": str(probe),
-                                          "PYTHONPATH": f"{code}{os.pathsep}{MEMPROBE}"})
+    agent = start_agent(world, code, work, env={"PYTHONTRACEMALLOC": "1", "NATGW_MEMPROBE": str(probe),
+                                                "PYTHONPATH": f"{code}{os.pathsep}{MEMPROBE}"})
     try:
         agent.wait_ready(600.0)
         time.sleep(SETTLE)
@@ -419,32 +342,11 @@ def version(code: Path, label: str, sizes: tuple[int, ...], detail: bool, reacti
     return out
 
 
-def unpack(ref: str, into: Path) -> Path:
-    """The tree of commit `ref`, unpacked (not checked out: the repository is untouched)."""
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], capture_output=True, check=True).stdout
-    with tempfile.NamedTemporaryFile(suffix=".tar") as f:
-        f.write(archive)
-        f.flush()
-        with tarfile.open(f.name) as tar:
-            tar.extractall(into, filter="data") if sys.version_info >= (3, 12) else tar.extractall(into)
-    return into
-
-
 def run(sizes: tuple[int, ...], baseline: str | None, reaction_at: int = REACTION_N,
         counts: Counts = Counts(), trace: bool = True) -> dict[str, Any]:
-    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "agent"], capture_output=True,
-                                text=True).stdout.strip())
     result: dict[str, Any] = {"machine": machine(), "sizes": list(sizes), "targets": TARGETS, "versions": []}
-    if baseline:
-        with tempfile.TemporaryDirectory(prefix="natgw-baseline-") as d:
-            commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", baseline], capture_output=True,
-                                    text=True, check=True).stdout.strip()
-            result["versions"].append(version(unpack(baseline, Path(d)), f"before ({commit})", sizes, trace,
-                                              reaction_at, counts))
-    result["versions"].append(version(REPO, f"this tree ({head}{'+changes' if dirty else ''})", sizes, trace,
-                                          reaction_at, counts))
+    for tree, label, _ in common.versions(baseline):
+        result["versions"].append(version(tree, label, sizes, trace, reaction_at, counts))
     return result
 
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from bench.netns import Netns
+from bench.common import exec_in
 
 
-def _json(ns: Netns, *what: str) -> list[dict[str, Any]]:
-    out = ns.exec(["nft", "-j", "list", *what], timeout=900).stdout
+def _json(ns: str, *what: str) -> list[dict[str, Any]]:
+    out = exec_in(ns, ["nft", "-j", "list", *what], timeout=900).stdout
     return json.loads(out)["nftables"]
 
 
-def count(ns: Netns, table: str, map_name: str, rules: bool = True) -> dict[str, int]:
+def count(ns: str, table: str, map_name: str, rules: bool = True) -> dict[str, int]:
     """chains, sets (named sets and maps), elements of `map_name`, and (if rules) rules."""
     result: dict[str, int] = {}
     if rules:

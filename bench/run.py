@@ -8,15 +8,13 @@ runs and checks.
 Approaches, on the same identities (bench/identities.py, 4 backends each):
   legacy      one `nft -f -` process per identity (bench/legacy.py)
   kube-proxy  one `nft -f` batch, per-identity chains and inline maps (bench/kubeproxy.py)
-  agent       DirectorySource + Reconciler.sync through the agent's code (bench/agent_driver.py)
+  agent       DirectorySource + Reconciler.sync through the agent's code (bench/sync_driver.py)
 plus the data plane against an iptables linear chain (bench/dataplane.py)."""
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,7 +22,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import dataplane, netns, report, sync
+from bench import common, dataplane, report, sync
+from bench.common import machine
 from bench.report import fmt_s
 
 
@@ -55,27 +54,6 @@ QUICK = Config(mode="quick", sizes=(10, 100), legacy_max=100, change_sizes=(10, 
                settle_max=2.0)
 
 
-def _version(argv: list[str]) -> str:
-    try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0]
-    except (OSError, IndexError, subprocess.TimeoutExpired):
-        return "unknown"
-
-
-def machine() -> dict[str, str]:
-    return {
-        "nproc": str(os.cpu_count()),
-        "cpu": next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                     if line.startswith("model name")), "unknown"),
-        "kernel": platform.release(),
-        "nft": _version(["nft", "--version"]),
-        "python": platform.python_version(),
-        "iptables_legacy": _version(["iptables-legacy", "-V"]),
-        "iptables_nft": _version(["iptables-nft", "-V"]),
-        "iptables_default": _version(["iptables", "-V"]),
-    }
-
-
 def run(cfg: Config, log: Any = print) -> dict[str, Any]:
     start = time.perf_counter()
     results: dict[str, Any] = {"config": asdict(cfg), "machine": machine(), "legacy": [], "legacy_extrapolated": [],
@@ -87,7 +65,7 @@ def run(cfg: Config, log: Any = print) -> dict[str, Any]:
         for n in cfg.sizes:
             if n <= cfg.legacy_max:
                 log(f"legacy {label} {n} identities ({n} nft processes)")
-                netns.settle(cfg.settle_max)
+                common.settle(cfg.settle_max)
                 r = sync.legacy_full(n, affinity, do_change=n in cfg.change_sizes
                                      or (affinity and n == cfg.legacy_clientip_change_max))
                 results["legacy"].append(r)
@@ -96,12 +74,12 @@ def run(cfg: Config, log: Any = print) -> dict[str, Any]:
             elif measured_legacy is not None:
                 results["legacy_extrapolated"].append(sync.legacy_extrapolate(measured_legacy, n))
             log(f"kube-proxy {label} {n} identities (one batch)")
-            netns.settle(cfg.settle_max)
+            common.settle(cfg.settle_max)
             r = sync.kubeproxy_case(n, affinity, do_change=n in cfg.change_sizes, retire_delay=cfg.retire_delay)
             results["kubeproxy"].append(r)
             log(f"  {fmt_s(r['seconds'])}, check {r['check']['ok']}")
             log(f"agent {label} {n} identities")
-            netns.settle(cfg.settle_max)
+            common.settle(cfg.settle_max)
             r = sync.agent_case(n, affinity, retry_wait=cfg.agent_retry_wait, log=log)
             results["agent"].append(r)
             if "error" in r:
@@ -111,7 +89,7 @@ def run(cfg: Config, log: Any = print) -> dict[str, Any]:
         for n in cfg.change_sizes:
             if n > cfg.legacy_max and (not affinity or n <= cfg.legacy_clientip_change_max):
                 log(f"legacy {label}: one change with {n} present (table loaded in one batch first)")
-                netns.settle(cfg.settle_max)
+                common.settle(cfg.settle_max)
                 r = sync.legacy_change_at(n, affinity)
                 results["changes"].append(r)
                 log(f"  {fmt_s(r['seconds'])}, check {r['check']['ok']}")
@@ -133,16 +111,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if os.geteuid() != 0:
         p.error("must run as root (it creates network namespaces)")
     cfg = QUICK if args.quick else FULL
-    out = args.out or (Path(tempfile.mkdtemp(prefix="natgw-bench-")) if args.quick else netns.REPO)
+    out = args.out or (Path(tempfile.mkdtemp(prefix="natgw-bench-")) if args.quick else common.REPO)
     out.mkdir(parents=True, exist_ok=True)
-    netns.install_signal_handlers()
-    stale = netns.cleanup_stale()
+    common.install_signal_handlers()
+    stale = common.cleanup_stale()
     if stale:
         print(f"removed namespaces of an earlier, killed run: {', '.join(stale)}")
-    try:
-        results = run(cfg)
-    finally:
-        netns.close_all()
+    results = run(cfg)
     files = report.write(results, out)
     results["files"] = {k: str(v) for k, v in files.items()}
     if args.json:

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from bench import identities as ids_mod
 from bench import kubeproxy, legacy
-from bench.netns import Netns
+from bench.common import exec_in, namespace, python_in
 from bench.nftcount import count
 
 # Listing every set makes nft fetch each set's elements (a kernel lookup by name per set):
@@ -32,13 +32,13 @@ def max_change_commands(affinity: bool) -> int:
     return MAX_CHANGE_COMMANDS_CLIENTIP if affinity else MAX_CHANGE_COMMANDS
 
 
-def _nft_jobs(ns: Netns, texts: list[str]) -> dict[str, Any]:
+def _nft_jobs(ns: str, texts: list[str]) -> dict[str, Any]:
     """Run each text as its own `nft -f -` process inside the namespace, timed there."""
     jobs = [{"argv": ["nft", "-f", "-"], "input": t} for t in texts]
-    return json.loads(ns.python("bench.nsexec", input=json.dumps({"jobs": jobs})).stdout)
+    return json.loads(python_in(ns, "bench.nsexec", input=json.dumps({"jobs": jobs})).stdout)
 
 
-def _check_counts(ns: Netns, table: str, expected: dict[str, int]) -> dict[str, Any]:
+def _check_counts(ns: str, table: str, expected: dict[str, int]) -> dict[str, Any]:
     full = expected["sets"] <= FULL_COUNT_MAX_SETS
     got = count(ns, table, "service-ips", rules=full)
     if not full:
@@ -48,11 +48,11 @@ def _check_counts(ns: Netns, table: str, expected: dict[str, int]) -> dict[str, 
     return {"expected": want, "got": got, "ok": all(got[k] == want[k] for k in want)}
 
 
-def _chain_text(ns: Netns, table: str, chain: str) -> str:
-    return ns.exec(["nft", "list", "chain", "ip", table, chain]).stdout
+def _chain_text(ns: str, table: str, chain: str) -> str:
+    return exec_in(ns, ["nft", "list", "chain", "ip", table, chain]).stdout
 
 
-def _change_check(ns: Netns, table: str, old: ids_mod.Identity, new: ids_mod.Identity, chain: str) -> dict[str, Any]:
+def _change_check(ns: str, table: str, old: ids_mod.Identity, new: ids_mod.Identity, chain: str) -> dict[str, Any]:
     """The changed identity's chain now leads to the new backend and not to the old one."""
     text = _chain_text(ns, table, chain)
     new_b, old_b = new.backends[-1], old.backends[-1]
@@ -65,9 +65,9 @@ def _change_check(ns: Netns, table: str, old: ids_mod.Identity, new: ids_mod.Ide
     return {"ok": hit and not stale, "new_backend_in_chain": hit, "old_backend_in_chain": stale, "method": "listing"}
 
 
-def _referenced(ns: Netns, table: str, chain: str) -> bool:
+def _referenced(ns: str, table: str, chain: str) -> bool:
     """True if the kernel refuses to delete the chain because a rule or map points at it."""
-    proc = ns.exec(["nft", "delete", "chain", "ip", table, chain], check=False)
+    proc = exec_in(ns, ["nft", "delete", "chain", "ip", table, chain], check=False)
     return proc.returncode != 0 and "Device or resource busy" in proc.stderr
 
 
@@ -99,7 +99,7 @@ def legacy_extrapolate(measured: dict[str, Any], n: int) -> dict[str, Any]:
 
 def legacy_full(n: int, affinity: bool, do_change: bool) -> dict[str, Any]:
     idents = ids_mod.identities(n, affinity)
-    with Netns("l") as ns:
+    with namespace() as ns:
         out = _nft_jobs(ns, [legacy.add_identity(x) for x in idents])
         sec = out["seconds"]
         res: dict[str, Any] = {
@@ -115,7 +115,7 @@ def legacy_full(n: int, affinity: bool, do_change: bool) -> dict[str, Any]:
     return res
 
 
-def _legacy_change(ns: Netns, idents: list[ids_mod.Identity], n: int, setup: float | None) -> dict[str, Any]:
+def _legacy_change(ns: str, idents: list[ids_mod.Identity], n: int, setup: float | None) -> dict[str, Any]:
     i = ids_mod.changed_index(n)
     old, new = idents[i], ids_mod.changed(idents[i])
     out = _nft_jobs(ns, [legacy.add_identity(new)])
@@ -127,7 +127,7 @@ def legacy_change_at(n: int, affinity: bool) -> dict[str, Any]:
     """One identity's change with n present, the table loaded first in one batch (what the
     script would have left after n adds; loading it that way is not a measurement)."""
     idents = ids_mod.identities(n, affinity)
-    with Netns("l") as ns:
+    with namespace() as ns:
         setup = _nft_jobs(ns, [legacy.state(idents)])["total"]
         check = _check_counts(ns, legacy.TABLE, legacy.expected_objects(n, affinity, ids_mod.BACKENDS))
         res = _legacy_change(ns, idents, n, setup)
@@ -138,7 +138,7 @@ def legacy_change_at(n: int, affinity: bool) -> dict[str, Any]:
 
 def kubeproxy_case(n: int, affinity: bool, do_change: bool, retire_delay: float = 1.0) -> dict[str, Any]:
     idents = ids_mod.identities(n, affinity)
-    with Netns("k") as ns:
+    with namespace() as ns:
         out = _nft_jobs(ns, [kubeproxy.full(idents)])
         res: dict[str, Any] = {
             "n": n, "affinity": affinity, "seconds": out["total"], "processes": 1,
@@ -188,8 +188,8 @@ def agent_case(n: int, affinity: bool, retry_wait: float = 60.0, log: Callable[[
         files = ids_mod.write_manifests(rules, idents)
         for attempt in (1, 2):
             try:
-                with Netns("a") as ns:
-                    out = json.loads(ns.python("bench.agent_driver", ["--dir", str(rules), "--n", str(n)]
+                with namespace() as ns:
+                    out = json.loads(python_in(ns, "bench.sync_driver", ["--dir", str(rules), "--n", str(n)]
                                                + (["--affinity"] if affinity else [])).stdout)
                 break
             except (RuntimeError, ValueError) as err:  # the driver failed, or printed no result

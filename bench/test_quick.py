@@ -15,7 +15,7 @@ from bench import busy as busy_mod
 from bench import cleanup as cleanup_mod
 from bench import identities as ids_mod
 from bench import kubeproxy, legacy, report
-from bench.netns import REPO, child_env
+from bench.common import REPO, child_env
 from bench.run import QUICK
 from bench.sync import FULL_COUNT_MAX_SETS, max_change_commands
 

@@ -554,3 +554,35 @@ class UdpStream:
         out = self._lab._stop(self._proc, 10.0)
         lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
         return [(line["t"], line["name"]) for line in lines if "t" in line]
+
+
+class Namespaces(Lab):
+    """Bare namespaces named, locked and cleaned up as a lab's (NAME-<role>, role one of
+    client, vpc, gw, bN), with nothing in them but a loopback: for the benchmarks' cases
+    that wire their own. close() flushes each one's nftables ruleset before deleting it,
+    so that a big table is freed now and not by the kernel's work queue after `ip netns
+    del` returns, while the next case is timed."""
+
+    def __init__(self, roles: Sequence[str] = ("gw",), prefix: str = "ngw") -> None:
+        super().__init__(backends=1, prefix=prefix)
+        self.names = {role: f"{self.id}-{role}" for role in roles}
+
+    @property
+    def namespaces(self) -> list[str]:
+        return list(self.names.values())
+
+    def _build(self) -> None:
+        for ns in self.namespaces:
+            self._created_ns.append(ns)  # first: see Lab._build
+            _run(["ip", "netns", "add", ns])
+            self._batch(ns, ["link set lo up"])
+
+    def _start_servers(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if not self._closed:
+            for ns in self._created_ns:
+                subprocess.run(["ip", "netns", "exec", ns, "nft", "flush", "ruleset"], capture_output=True,
+                               timeout=300, check=False)
+        super().close()

@@ -8,7 +8,8 @@ closed (so they also die when the parent dies) or they are signalled.
 
 scapy reads interfaces and routes at import time, so it is imported lazily,
 only by the subcommands that need it (``sniff``, ``syn``) and therefore only
-inside the namespace.  ``serve``, ``connect`` and ``udp`` use plain sockets.
+inside the namespace.  ``serve``, ``connect`` and ``udp`` use plain sockets, as do
+the benchmarks' (bench/) ``serve-addr``, ``timed``, ``reach`` and ``udp-ports``.
 """
 
 from __future__ import annotations
@@ -380,6 +381,113 @@ def cmd_syn(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------- for the benchmarks (bench/)
+
+
+def cmd_serve_addr(args: argparse.Namespace) -> int:
+    """Answer every connection with the address it was reached at (the backend the
+    gateway chose, where the namespace holds many as local), one at a time."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", args.port))
+    s.listen(4096)
+    print("ready", flush=True)
+    while True:
+        conn, _ = s.accept()
+        try:
+            conn.sendall(conn.getsockname()[0].encode())
+        except OSError:
+            pass
+        conn.close()
+
+
+def _timed_once(dst: str, port: int, sport: int, source: str) -> tuple[float, float, str]:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(3.0)
+        s.bind((source, sport))
+        t0 = time.perf_counter()
+        s.connect((dst, port))
+        t1 = time.perf_counter()
+        data = b""
+        while chunk := s.recv(256):
+            data += chunk
+        return t1 - t0, time.perf_counter() - t0, data.decode()
+
+
+def cmd_timed(args: argparse.Namespace) -> int:
+    """--count fresh connections after --warmup, each from its own never reused source
+    port: per connection the time of connect() (the SYN through the gateway's NAT rules,
+    the SYN/ACK back) and of the whole exchange, and who answered."""
+    connect, total, answers, errors = [], [], Counter(), []
+    for k in range(args.warmup + args.count):
+        sport = args.first_sport + k
+        try:
+            c, t, who = _timed_once(args.dst, args.port, sport, args.source)
+        except OSError as err:
+            errors.append(f"source port {sport}: {err}")
+            continue
+        if not who:
+            errors.append(f"source port {sport}: empty answer")
+        elif k >= args.warmup:
+            connect.append(c)
+            total.append(t)
+            answers[who] += 1
+    json.dump({"connect": connect, "total": total, "answers": dict(answers), "errors": errors[:20],
+               "error_count": len(errors)}, sys.stdout)
+    return 0
+
+
+def cmd_reach(args: argparse.Namespace) -> int:
+    """For each line "DST PORT" on stdin: connect over and over (a port with no DNAT is
+    refused at once) until one is accepted; a JSON line with CLOCK_MONOTONIC of that
+    connection (the machine's, the same in every namespace), or "at": null after 10 s."""
+    _emit({"ready": True})
+    for line in sys.stdin:
+        dst, port = line.split()
+        deadline, attempts, at = time.monotonic() + 10.0, 0, None
+        while at is None and time.monotonic() < deadline:
+            attempts += 1
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.settimeout(0.2)
+                try:
+                    s.connect((dst, int(port)))
+                    at = time.monotonic()
+                except OSError:
+                    time.sleep(0.0002)  # a fresh source port for the next try
+        _emit({"port": int(port), "at": at, "attempts": attempts})
+    return 0
+
+
+def cmd_udp_ports(args: argparse.Namespace) -> int:
+    """One datagram to each port lo..hi-1 from one socket (a conntrack flow each), in
+    chunks of 100 the backend keeps up with; the unanswered asked again (the same flows),
+    up to 5 rounds."""
+    s = _udp_socket(None, 0)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+    answers: dict[int, str] = {}
+    sent = 0
+    for _ in range(5):
+        missing = [p for p in range(args.lo, args.hi) if p not in answers]
+        for start in range(0, len(missing), 100):
+            part = missing[start:start + 100]
+            for port in part:
+                s.sendto(b"?", (args.dst, port))
+            sent += len(part)
+            deadline = time.monotonic() + 1.0
+            while any(p not in answers for p in part) and time.monotonic() < deadline:
+                s.settimeout(max(0.001, deadline - time.monotonic()))
+                try:
+                    data, (_, port) = s.recvfrom(2048)
+                except socket.timeout:
+                    break
+                answers[port] = data.decode(errors="replace").strip()
+        if len(answers) == args.hi - args.lo:
+            break
+    _emit({"ports": args.hi - args.lo, "sent": sent, "answered": len(answers),
+           "by_backend": dict(Counter(answers.values())), "source_port": s.getsockname()[1]})
+    return 0
+
+
 # ----------------------------------------------------------------------- cli
 
 
@@ -433,6 +541,28 @@ def build_parser() -> argparse.ArgumentParser:
     y.add_argument("--src", default="172.18.0.100")
     y.add_argument("--inter", type=float, default=0.0)
     y.set_defaults(func=cmd_syn)
+
+    a = sub.add_parser("serve-addr", help="TCP server answering with the address it was reached at")
+    a.add_argument("--port", type=int, default=8080)
+    a.set_defaults(func=cmd_serve_addr)
+
+    t = sub.add_parser("timed", help="timed fresh TCP connections from distinct source ports")
+    t.add_argument("--dst", required=True)
+    t.add_argument("--port", type=int, required=True)
+    t.add_argument("--count", type=int, required=True)
+    t.add_argument("--warmup", type=int, default=20)
+    t.add_argument("--first-sport", type=int, required=True)
+    t.add_argument("--source", default="0.0.0.0")
+    t.set_defaults(func=cmd_timed)
+
+    r = sub.add_parser("reach", help="per stdin line DST PORT: connect until accepted")
+    r.set_defaults(func=cmd_reach)
+
+    q = sub.add_parser("udp-ports", help="a UDP datagram to each port of a range, answers counted")
+    q.add_argument("--dst", required=True)
+    q.add_argument("--lo", type=int, required=True)
+    q.add_argument("--hi", type=int, required=True)
+    q.set_defaults(func=cmd_udp_ports)
     return p
 
 
