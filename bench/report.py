@@ -361,7 +361,7 @@ def markdown(res: dict[str, Any]) -> str:
         "- **agent**: its real code path, in a child process inside the namespace: `DirectorySource(dir).poll()` on "
         f"manifests written as JSON `kind: List` files ({RULES_PER_FILE_IDENTITIES:,} identities = "
         f"{RULES_PER_FILE_IDENTITIES * BACKENDS:,} rules per file, plus `eips.json`), then "
-        "`Reconciler(Settings(gateway=\"gw1\", conntrack=False), Nft(\"ip\", \"natgw\")).sync(src.objects())` from an empty "
+        "`connected(Settings(gateway=\"gw1\", conntrack=False)).sync(src.objects())` (agent/run/daemon.py: the reconciler as `run` wires it) from an empty "
         "table, timed with `perf_counter` (the parse is timed and reported separately; \"of which libnftables\" is the time "
         "inside the Nft contexts' `json_cmd` and `cmd` calls, JSON encoding included). Then a no-op sync, one "
         "identity's change (its rules file rewritten "
