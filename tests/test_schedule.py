@@ -35,7 +35,8 @@ class ScriptedWaker:
     clock that moves by each wait's timeout: coalescing without timing."""
 
     def __init__(self, answers: list[bool]) -> None:
-        self.answers, self.waits, self.now = answers, [], 0.0
+        self.answers, self.now = answers, 0.0
+        self.waits: list[float] = []
 
     def clock(self) -> float:
         return self.now
