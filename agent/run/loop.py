@@ -4,6 +4,8 @@ change, a kernel change notification, a timer that is due -- and then does it: s
 failure after a capped, jittered backoff and a full read-back, resync hourly, retire
 emptied chains, delete stale affinity entries a slice at a time (the cleanup thread,
 agent/run/cleanup.py, finds them and clears conntrack); and it tells health and metrics.
+When each is due is its Schedule's (agent/run/schedule.py); what it calls are protocols
+below, which every source and view implements whole, so nothing here probes for members.
 
 Why no fixed tick: a 200 ms tick made a watch event wait 87 ms on median before the sync
 (which itself takes ~2 ms), and woke an idle agent five times a second. Now a change is
