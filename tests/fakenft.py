@@ -532,6 +532,9 @@ class FakeView:
         self.reads = 0
         self.state = None
 
+    def fileno(self) -> int | None:
+        return None  # nothing to sleep on: the loop asks damage() every turn
+
     def keep_up(self) -> None:
         pass  # the fake's events do not pile up anywhere
 

@@ -47,9 +47,13 @@ class Store:
 
 
 class StoreSource(Store):
-    """The Store as a reconcile-loop source; `poll_errors` make poll() raise."""
+    """The Store as a reconcile-loop source; `poll_errors` make poll() raise. It cannot wake
+    the loop: the loop polls it every settings.poll_interval."""
 
     ready = True
+    changed_at: float | None = None
+    restarts = 0
+    relists = 0
 
     def __init__(self, poll_errors: int = 0) -> None:
         super().__init__()
@@ -74,6 +78,15 @@ class StoreSource(Store):
 
     def stop(self) -> None:
         pass
+
+    def attach(self, wake: Any) -> bool:
+        return False
+
+    def fileno(self) -> int | None:
+        return None
+
+    def next_poll(self) -> float | None:
+        return None
 
 
 EIPS = {"eip-a": "172.18.0.10", "eip-b": "172.18.0.20"}
@@ -106,8 +119,9 @@ class WakingSource(StoreSource):
         super().__init__()
         self.wake = lambda: None
 
-    def attach(self, wake: Any) -> None:
+    def attach(self, wake: Any) -> bool:
         self.wake = wake
+        return True
 
     def put(self, obj: dict[str, Any]) -> None:
         super().put(obj)

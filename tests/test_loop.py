@@ -9,7 +9,7 @@ from typing import Any
 import structlog
 
 from agent.ops.health import Health
-from agent.run.loop import run_loop
+from agent.run.loop import StopEvent, run_loop
 from agent.run.reconcile import Reconciler
 from agent.settings import Settings
 from tests.builders import eip, rule
@@ -29,7 +29,7 @@ def world() -> StoreSource:
 
 
 def run(source: StoreSource, reconciler: Reconciler, health: Health, until: Any, timeout: float = 10.0) -> None:
-    stop = threading.Event()
+    stop = StopEvent()
     thread = threading.Thread(target=run_loop, args=(FAST, source, reconciler, stop, health), daemon=True)
     thread.start()
     try:
@@ -216,9 +216,9 @@ def test_a_notification_while_a_sync_waits_does_not_make_the_loop_spin() -> None
         time.sleep(0.5)
         # Not ready: polled every poll_interval (0.2 s), never woken by the read socket.
         assert loop.turns - turns <= 4
-        assert loop.drift_due and loop.syncs == 0
+        assert loop.schedule.drift_due and loop.syncs == 0
         source.ready = True  # type: ignore[misc]
-        wait_until(lambda: loop.syncs == 1 and not loop.drift_due)  # synced, then looked for drift
+        wait_until(lambda: loop.syncs == 1 and not loop.schedule.drift_due)  # synced, then looked for drift
     finally:
         loop.stop.set()
         thread.join(5)
@@ -325,52 +325,3 @@ def test_an_idle_loop_sleeps_past_the_wedge_limit_and_is_live_when_asked() -> No
     finally:
         loop.stop.set()
         thread.join(5)
-
-
-class ScriptedWaker:
-    """A waker whose wait() answers from a script (True: a change came within the
-    timeout), on a clock that moves by each wait's timeout: _coalesce without timing."""
-
-    def __init__(self, answers: list[bool]) -> None:
-        self.answers, self.waits, self.now = answers, [], 0.0
-
-    def clock(self) -> float:
-        return self.now
-
-    def wait(self, timeout: float) -> bool:
-        self.waits.append(round(timeout, 6))
-        came = self.answers.pop(0) if self.answers else True
-        self.now += max(timeout / 2, 0.0001) if came else timeout  # a change came halfway (time moves)
-        return came
-
-    def clear(self) -> None:
-        pass
-
-
-def coalesced(answers: list[bool]) -> list[float]:
-    from agent.run.loop import Loop
-
-    scripted = ScriptedWaker(answers)
-    loop = Loop.__new__(Loop)  # only what _coalesce uses
-    loop.settings, loop.clock, loop.waker = Settings(gateway="gw1"), scripted.clock, scripted  # type: ignore[assignment]
-    loop._coalesce()
-    return scripted.waits
-
-
-def test_a_lone_change_waits_only_a_short_quiet() -> None:
-    from agent.run.loop import LONE_QUIET
-
-    assert coalesced([False]) == [LONE_QUIET]
-
-
-def test_within_a_burst_a_longer_quiet_ends_the_wait() -> None:
-    from agent.run.loop import BURST_QUIET, LONE_QUIET
-
-    # a second change came within the lone quiet: from then on, the burst's quiet
-    assert coalesced([True, True, False]) == [LONE_QUIET, BURST_QUIET, BURST_QUIET]
-
-
-def test_a_stream_of_changes_waits_no_longer_than_the_window() -> None:
-    waits = coalesced([True] * 1000)
-    assert sum(max(w / 2, 0.0001) for w in waits) <= Settings(gateway="gw1").coalesce_window + 0.0001
-    assert waits[-1] < waits[1]  # the last wait is cut to what is left of the window

@@ -130,10 +130,10 @@ class KernelView:
         self._sock = nl.NfSocket()
         self._own = nl.own_portids()
 
-    def fileno(self) -> int:
-        """Readable when change notifications wait (for the loop's select)."""
-        assert self._sub is not None
-        return self._sub.fileno()
+    def fileno(self) -> int | None:
+        """Readable when change notifications wait (for the loop's select); None: a
+        read-only view follows none."""
+        return self._sub.fileno() if self._sub is not None else None
 
     def close(self) -> None:
         self._sock.close()

@@ -4,6 +4,8 @@ change, a kernel change notification, a timer that is due -- and then does it: s
 failure after a capped, jittered backoff and a full read-back, resync hourly, retire
 emptied chains, delete stale affinity entries a slice at a time (the cleanup thread,
 agent/run/cleanup.py, finds them and clears conntrack); and it tells health and metrics.
+When each is due is its Schedule's (agent/run/schedule.py); what it calls are protocols
+below, which every source and view implements whole, so nothing here probes for members.
 
 Why no fixed tick: a 200 ms tick made a watch event wait 87 ms on median before the sync
 (which itself takes ~2 ms), and woke an idle agent five times a second. Now a change is
@@ -22,30 +24,21 @@ from typing import Any, Callable, Protocol
 
 import structlog
 
-from agent.backoff import Backoff
-from agent.core.desired import ObjectKey
+from agent.core.desired import DesiredState, ObjectKey
 from agent.errors import ApplyError
 from agent.ops.health import Health
 from agent.memory import collect_cycles
 from agent.ops.metrics import Metrics
-from agent.run.reconcile import Reconciler, SyncResult
+from agent.run.cleanup import Cleanup
+from agent.run.reconcile import SyncResult
+from agent.run.schedule import Schedule
 from agent.settings import Settings
 
 log = structlog.get_logger()
 
-# Quiet that ends the wait for more changes: after a lone change, 1 ms (its own latency);
-# within a burst, 2.5 ms: a burst of 20 watch events arrived here with gaps of 0.2-2.2 ms
-# (bench/footprint.py), and a 1 ms quiet cut 2 bursts of 10 in two transactions.
-LONE_QUIET = 0.001
-BURST_QUIET = 0.0025
-
 
 class Source(Protocol):
-    """Where objects come from: a directory or the Kubernetes API. A source may also offer
-    `attach(wake)` (it calls wake() from its own threads when something changed),
-    `fileno()` (readable when poll() has news: an inotify descriptor), `next_poll()` (when
-    it needs poll() called again, monotonic; None: not until woken) and `changed_at`
-    (when its oldest change not yet taken was received, unix time)."""
+    """Where objects come from: a directory or the Kubernetes API."""
 
     @property
     def ready(self) -> bool: ...
@@ -55,6 +48,75 @@ class Source(Protocol):
     def take_changes(self) -> set[ObjectKey] | None: ...
     def objects(self) -> list[Any]: ...
     def named(self, kind: str, name: str) -> list[Any]: ...
+
+    def attach(self, wake: Callable[[], None]) -> bool:
+        """Call wake() from the source's own threads when something changed; False: it
+        cannot (it has a descriptor, or is polled every settings.poll_interval)."""
+        ...
+
+    def fileno(self) -> int | None:
+        """Readable when poll() has news (an inotify descriptor); None: none."""
+        ...
+
+    def next_poll(self) -> float | None:
+        """When poll() must be called again (monotonic); None: not until woken."""
+        ...
+
+    @property
+    def changed_at(self) -> float | None:
+        """When the oldest change the last poll() reported was received (unix time); None:
+        not known (the loop takes the time it learnt of it)."""
+        ...
+
+    @property
+    def restarts(self) -> int:
+        """Watch streams started after the first one (0: a source with none)."""
+        ...
+
+    @property
+    def relists(self) -> int:
+        """Lists after the first ones (0: a source with none)."""
+        ...
+
+
+class Listening(Protocol):
+    """The kernel view as the loop sleeps on it (agent/kernel/view.py's KernelView; in unit
+    tests, the fake's)."""
+
+    def fileno(self) -> int | None:
+        """Readable when change notifications wait; None: the view has no descriptor, and
+        is asked for drift every turn."""
+        ...
+
+    def keep_up(self) -> None: ...
+    def missed(self) -> bool: ...
+
+
+class Pipeline(Protocol):
+    """What the loop drives (agent/run/reconcile.py's Reconciler)."""
+
+    @property
+    def view(self) -> Listening: ...
+    @property
+    def cleanup(self) -> Cleanup: ...
+    @property
+    def state(self) -> DesiredState: ...
+    def sync(self, catalog: Source, changed: set[ObjectKey] | None) -> SyncResult: ...
+    def request_full_sync(self) -> None: ...
+    def check_drift(self) -> bool: ...
+    def due(self) -> list[float]: ...
+    def retire_chains(self) -> None: ...
+    def clean_affinity(self) -> int: ...
+
+
+class Stop(Protocol):
+    """The loop's stop flag (StopEvent)."""
+
+    def is_set(self) -> bool: ...
+
+    def attach(self, wake: Callable[[], None]) -> None:
+        """Call wake() when set, so the loop stops at once."""
+        ...
 
 
 class Waker:
@@ -94,24 +156,28 @@ class Waker:
 class StopEvent(threading.Event):
     """A stop flag that also wakes the loop it is given to."""
 
-    waker: Waker | None = None
+    _wake: Callable[[], None] | None = None
+
+    def attach(self, wake: Callable[[], None]) -> None:
+        self._wake = wake
 
     def set(self) -> None:
         super().set()
-        if self.waker is not None:
-            self.waker.wake()
+        if self._wake is not None:
+            self._wake()
 
 
-def run_loop(settings: Settings, source: Source, reconciler: Reconciler, stop: threading.Event,
+def run_loop(settings: Settings, source: Source, reconciler: Pipeline, stop: Stop,
              health: Health | None = None, metrics: Metrics | None = None) -> None:
     Loop(settings, source, reconciler, stop, health, metrics).run()
 
 
 class Loop:
     """One agent's loop. Survives any exception from any stage: each is logged with its
-    context and retried, never a silent thread death."""
+    context and retried, never a silent thread death. When to do what is its Schedule's
+    (agent/run/schedule.py); the loop sleeps, reads and calls."""
 
-    def __init__(self, settings: Settings, source: Source, reconciler: Reconciler, stop: threading.Event,
+    def __init__(self, settings: Settings, source: Source, reconciler: Pipeline, stop: Stop,
                  health: Health | None = None, metrics: Metrics | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
@@ -122,31 +188,21 @@ class Loop:
         self.metrics = metrics or Metrics()
         self.clock = clock
         self.waker = Waker()
-        if isinstance(stop, StopEvent):
-            stop.waker = self.waker
-        self.backoff = Backoff(settings.retry_min, settings.retry_max)
-        self.pending = True
-        self.queued_at = time.time()  # when the oldest change not yet in the kernel was seen
-        self.retry_at = 0.0
-        self.resync_at = clock() + settings.resync_interval
-        self.drift_due = False  # kernel notifications arrived that no drift check has looked at
+        stop.attach(self.waker.wake)
+        self.schedule = Schedule(settings, clock)
+        self.listens = False  # the view has a descriptor to sleep on (set by run())
         self.turns = 0  # loop turns so far (tests: an idle agent does not spin)
         self.syncs = 0
-
-    def queue(self, seen_at: float | None = None) -> None:
-        if not self.pending:
-            self.pending, self.queued_at = True, seen_at if seen_at is not None else time.time()
 
     def run(self) -> None:
         selector = selectors.DefaultSelector()
         selector.register(self.waker, selectors.EVENT_READ, "wake")
-        kernel = getattr(self.reconciler.view, "fileno", None)
-        if kernel is not None:
-            selector.register(kernel(), selectors.EVENT_READ, "kernel")
-        attach = getattr(self.source, "attach", None)
-        if attach is not None:
-            attach(self.waker.wake)
-        source_fd = self._source_fd()
+        kernel_fd = self.reconciler.view.fileno()
+        self.listens = kernel_fd is not None
+        if kernel_fd is not None:
+            selector.register(kernel_fd, selectors.EVENT_READ, "kernel")
+        attached = self.source.attach(self.waker.wake)
+        source_fd = self.source.fileno()
         if source_fd is not None:
             selector.register(source_fd, selectors.EVENT_READ, "source")
         cleanup = self.reconciler.cleanup
@@ -155,59 +211,54 @@ class Loop:
         cleanup.start()
         try:
             while not self.stop.is_set():
-                self.turn(selector, attach is not None or source_fd is not None)
+                self.turn(selector, attached or source_fd is not None)
         finally:
             cleanup.stop()
             selector.close()
             self.waker.close()
 
-    def _source_fd(self) -> int | None:
-        fileno = getattr(self.source, "fileno", None)
-        return fileno() if fileno is not None else None
-
     def turn(self, selector: selectors.BaseSelector, wakes: bool) -> None:
         """Sleep until there is work, then do it."""
+        schedule = self.schedule
         ready = selector.select(self._timeout(wakes))
         self.turns += 1
         self.health.beat()
         woken = {key.data for key, _ in ready}
         if "wake" in woken or "source" in woken:
-            self._coalesce()
+            # Only arrivals (the waker) count: the kernel's and the directory's descriptors
+            # stay readable until read, and ended no wait early.
+            schedule.coalesce(self._arrival)
         self.waker.clear()
         now = self.clock()
         try:
             if self.source.poll():
-                self.queue(getattr(self.source, "changed_at", None))
+                schedule.queue(self.source.changed_at)
         except Exception:  # a source bug must not kill the data plane's keeper
             log.exception("source poll failed")
-        if now >= self.resync_at:
+        if schedule.resync_due(now):
             collect_cycles()
             self.reconciler.request_full_sync()
-            self.resync_at = now + self.settings.resync_interval
-            self.queue()
+            schedule.queue()
         if "kernel" in woken:
-            self.drift_due = True
-            if self.pending:
+            schedule.notified()
+            if schedule.pending:
                 # Its socket is level-triggered: left unread while a sync waits (a source not
                 # ready, a retry's backoff), it woke the loop at once, every turn: a core spun.
                 self.reconciler.view.keep_up()
-        if self.pending:
+        if schedule.pending:
             self.health.pending()
-            self.metrics.last_queued.set(self.queued_at)
-        if self.pending and self.source.ready and now >= self.retry_at:
+            self.metrics.last_queued.set(schedule.queued_at)
+        if schedule.sync_due(now, self.source.ready):
             self._sync(now)
-        if not self.pending and (self.drift_due or kernel_news(self.reconciler)):
-            self.drift_due = False
+        if schedule.drift_check_due(self._kernel_news):
             try:
                 if self.reconciler.check_drift():
-                    self.queue()
+                    schedule.queue()
             except Exception:
                 log.exception("drift check failed; resyncing")
                 self.reconciler.request_full_sync()
-                self.queue()
-        restarts = getattr(self.source, "restarts", None)
-        if restarts is not None:
-            self.metrics.watch_counts(restarts, self.source.relists)  # type: ignore[attr-defined]
+                schedule.queue()
+        self.metrics.watch_counts(self.source.restarts, self.source.relists)
         try:
             self.reconciler.retire_chains()
             deleted = self.reconciler.clean_affinity()
@@ -217,70 +268,51 @@ class Loop:
             log.exception("post-sync cleanup failed")
 
     def _timeout(self, wakes: bool) -> float:
-        """Seconds until the earliest due timer (capped: settings.idle_wakeup)."""
-        now = self.clock()
-        due = [now + self.settings.idle_wakeup, self.resync_at]
+        """Seconds until the earliest due timer: the schedule's, systemd's watchdog, the
+        source's next poll, the reconciler's."""
+        timers = list(self.reconciler.due())
         if (watchdog := self.health.due()) is not None:
-            due.append(watchdog)
-        if self.pending:
-            due.append(max(self.retry_at, now) if self.source.ready else now + self.settings.poll_interval)
-        if not wakes:
-            due.append(now + self.settings.poll_interval)  # a source that cannot wake us: polled
-        next_poll = getattr(self.source, "next_poll", None)
-        if next_poll is not None and (at := next_poll()) is not None:
-            due.append(at)
-        due += self.reconciler.due()
-        return max(0.0, min(due) - now)
+            timers.append(watchdog)
+        if (at := self.source.next_poll()) is not None:
+            timers.append(at)
+        return self.schedule.timeout(self.source.ready, wakes, timers)
 
-    def _coalesce(self) -> None:
-        """Changes that come together go together. A lone change waits LONE_QUIET of quiet;
-        once a second one came (a burst), BURST_QUIET; never more than
-        settings.coalesce_window in all. Only arrivals (the waker) count: the kernel's and
-        the directory's descriptors stay readable until read, and ended no wait early."""
-        deadline = self.clock() + self.settings.coalesce_window
-        quiet = LONE_QUIET
-        while (left := deadline - self.clock()) > 0:
-            self.waker.clear()
-            if not self.waker.wait(min(quiet, left)):
-                return
-            quiet = BURST_QUIET
+    def _arrival(self, timeout: float) -> bool:
+        """Whether another change arrives within `timeout` seconds."""
+        self.waker.clear()
+        return self.waker.wait(timeout)
+
+    def _kernel_news(self) -> bool:
+        """Whether to look for drift with no notification read: a view with no descriptor to
+        sleep on is asked every turn; one that lost notifications (an overrun, or others'
+        commits while it was deaf) at once, as nothing may come to wake the loop for them."""
+        return not self.listens or self.reconciler.view.missed()
 
     def _sync(self, now: float) -> None:
         started = self.clock()
         try:
             result = self.reconciler.sync(self.source, self.source.take_changes())
-            self.pending = False
+            self.schedule.synced()
             self.syncs += 1
-            self.backoff.reset()
             self.health.synced()
-            _record(self.metrics, self.reconciler, result, self.clock() - started, time.time() - self.queued_at)
+            _record(self.metrics, self.reconciler, result, self.clock() - started,
+                    time.time() - self.schedule.queued_at)
         except ApplyError as err:
             self.health.failed(str(err))
             self.metrics.failures.inc()
-            delay = self.backoff.next()
+            delay = self.schedule.failed(now)
             log.error("apply failed; will read back and retry", kernel_unchanged=not err.partial,
                       rc=err.rc, digest=err.digest, commands=err.commands, error=err.message, retry_in=round(delay, 2))
-            self.retry_at = now + delay
         except Exception as err:
             self.health.failed(f"{type(err).__name__}: {err}")
             self.metrics.failures.inc()
-            delay = self.backoff.next()
+            delay = self.schedule.failed(now)
             log.exception("sync failed; will read back and retry", retry_in=round(delay, 2))
-            self.retry_at = now + delay
-        if self.pending:
+        if self.schedule.pending:
             self.reconciler.request_full_sync()
 
 
-def kernel_news(reconciler: Reconciler) -> bool:
-    """Whether to look for drift with no notification read: a view that offers no
-    descriptor to sleep on (the fake's) is asked every turn; one that lost notifications
-    (an overrun, or others' commits while it was deaf) at once, as nothing may come to
-    wake the loop for them."""
-    view = reconciler.view
-    return getattr(view, "fileno", None) is None or view.missed()
-
-
-def _record(metrics: Metrics, reconciler: Reconciler, result: SyncResult, took: float, waited: float) -> None:
+def _record(metrics: Metrics, reconciler: Pipeline, result: SyncResult, took: float, waited: float) -> None:
     """`waited`: from the oldest change the sync took being received by the source to the
     kernel holding it (the programming latency; bench/footprint.py reads it from the log)."""
     metrics.sync_duration.labels("partial" if result.partial else "full").observe(took)

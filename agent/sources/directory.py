@@ -15,7 +15,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import structlog
 import yaml
@@ -35,6 +35,11 @@ class _Stamp:
 
 
 class DirectorySource:
+    # Of the loop's Source protocol (agent/run/loop.py): no watches, no time of receipt.
+    changed_at: float | None = None
+    restarts = 0
+    relists = 0
+
     def __init__(self, directory: Path, poll_interval: float = 0.2) -> None:
         self.directory = Path(directory)
         self.poll_interval = poll_interval
@@ -66,6 +71,10 @@ class DirectorySource:
         if self._notify is not None:
             self._notify.close()
             self._notify = None
+
+    def attach(self, wake: Callable[[], None]) -> bool:
+        """Nothing to attach: the loop sleeps on fileno(), or polls."""
+        return False
 
     def fileno(self) -> int | None:
         """Readable when the directory changed (None: poll it)."""

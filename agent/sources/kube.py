@@ -56,7 +56,7 @@ class KubeSource:
         self._first_at: float | None = None  # when the oldest change not yet polled arrived
         self.changed_at: float | None = None  # ... of the changes the last poll() reported
 
-    # The reconcile loop's side (see reconcile.Source).
+    # The reconcile loop's side (agent/run/loop.py's Source).
 
     @property
     def ready(self) -> bool:
@@ -64,9 +64,16 @@ class KubeSource:
         with self._lock:
             return len(self._listed) == 2
 
-    def attach(self, wake: Callable[[], None]) -> None:
+    def attach(self, wake: Callable[[], None]) -> bool:
         """Call `wake` (from the watch threads) whenever the store changed."""
         self._wake = wake
+        return True
+
+    def fileno(self) -> int | None:
+        return None  # the watch threads wake the loop: nothing to sleep on
+
+    def next_poll(self) -> float | None:
+        return None  # nothing to poll for: poll() only takes what the watches stored
 
     def poll(self) -> bool:
         with self._lock:
