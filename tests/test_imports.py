@@ -19,7 +19,7 @@ PURE = tuple(f"core.{p.stem}" for p in sorted((AGENT / "core").glob("*.py")) if 
 IO = {"nftables", "pyroute2", "subprocess", "socket", "threading", "kubernetes", "prometheus_client", "structlog",
       "ctypes", "os", "http", "urllib3", "yaml"}
 # The loop's own wiring (issue 10): one sync knows nothing of health, metrics or retries.
-LOOP_WIRING = {"ops.health", "ops.metrics", "backoff", "run.loop"}
+LOOP_WIRING = {"ops.health", "ops.metrics", "backoff", "run.loop", "run.schedule"}
 
 
 def imports_of(path: Path) -> set[str]:
