@@ -1,6 +1,9 @@
 """Planning: what a change costs, in which order, and in which phases."""
 import json
 
+import pytest
+
+from agent.core.commands import CommandError
 from agent.core.desired import desired_services
 from agent.core.layout import sticky_slots
 from agent.core.model import Backend, Identity
@@ -71,6 +74,22 @@ def test_deleting_last_identity_empties_shared_chains_and_retires_them_later(web
     assert {c["delete"]["chain"]["name"] for c in retire(sorted(chains), "ip", "natgw").commands} == chains  # ... deleted later
     assert after.elements["services"] == {}
     assert plan(after, rendered([web_objects[0]], after), "ip", "natgw").commands == ()
+
+
+def test_an_object_of_any_name_read_back_is_removed_but_only_nft_names_are_created(web_objects):
+    """What the agent deletes may carry any name the kernel holds (someone else added it to
+    the agent's table); what it creates must be a name nft's grammar takes (commands.py)."""
+    desired = rendered(web_objects)
+    foreign = Ruleset({**desired.sets, "a set": {"type": ["ipv4_addr"]}}, {**desired.chains, "a chain": {}},
+                      {**desired.rules, "a chain": ({"expr": [{"accept": None}]},)}, desired.elements)
+    cmds = plan(foreign, desired, "ip", "natgw").commands
+    assert cmds == (
+        {"flush": {"chain": {"family": "ip", "table": "natgw", "name": "a chain"}}},
+        {"delete": {"set": {"family": "ip", "table": "natgw", "name": "a set"}}})
+    assert retire(stale_chains(foreign, desired), "ip", "natgw").commands == (
+        {"delete": {"chain": {"family": "ip", "table": "natgw", "name": "a chain"}}},)
+    with pytest.raises(CommandError, match="cannot add set 'a set': not an nft name"):
+        plan(desired, foreign, "ip", "natgw")
 
 
 def test_declaration_change_redeclares_in_the_same_transaction(web_objects):
