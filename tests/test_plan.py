@@ -134,6 +134,19 @@ def test_an_altered_backend_map_is_emptied_of_its_users_and_redeclared(web_objec
     assert main.commands == tuple(c for c in cmds[2:] if "map" not in c.get("add", {}))
 
 
+def test_a_backend_map_someone_made_a_plain_set_is_deleted_as_the_set_it_is(web_objects):
+    """nft 1.0.6 makes a plain set of a map declared in list form (agent/kernel/caps.py): a
+    delete names the kind the kernel holds (commands.set_kind; 1.0.6 takes either kind)."""
+    before = rendered(web_objects)
+    made_a_set = {k: v for k, v in before.sets["backend_0"].items() if k != "map"}
+    tampered = Ruleset({**before.sets, "backend_0": made_a_set}, before.chains, before.rules,
+                       {n: e for n, e in before.elements.items() if n != "backend_0"})
+    cmds = plan(tampered, before, "ip", "natgw").commands
+    ref = {"family": "ip", "table": "natgw"}
+    assert cmds[:2] == ({"flush": {"chain": {**ref, "name": "slot_0"}}}, {"delete": {"set": {**ref, "name": "backend_0"}}})
+    assert {"add": {"map": {**ref, "name": "backend_0", **before.sets["backend_0"]}}} in cmds
+
+
 def test_a_backend_map_redeclared_by_someone_else_is_repaired_in_the_table(web_objects):
     """The same through the fake table: to redeclare the map, the other party had to empty
     its chain first; the repair deletes and declares it again and refills both."""

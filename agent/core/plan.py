@@ -1,6 +1,7 @@
 """Plan: the difference between what the kernel holds and the desired ruleset, as
-libnftables JSON commands, and the phases they are sent in (one atomic transaction each;
-one, unless maps must be declared in nft text first). Pure: no I/O.
+libnftables JSON commands (built by agent/core/commands.py), and the phases they are sent
+in (one atomic transaction each; one, unless maps must be declared in nft text first).
+Pure: no I/O.
 
 Order inside the transaction: declare what is new; rewrite changed chains; swap map
 elements; empty the chains and delete the sets nothing points to any more. Emptied chains
