@@ -1,6 +1,9 @@
 """Planning: what a change costs, in which order, and in which phases."""
 import json
 
+import pytest
+
+from agent.core.commands import CommandError
 from tests.oracles import build_inventory, desired_services
 from agent.core.layout import sticky_slots
 from agent.core.model import Backend, Identity
@@ -72,6 +75,22 @@ def test_deleting_last_identity_empties_shared_chains_and_retires_them_later(web
     assert plan(after, rendered([web_objects[0]], after), "ip", "natgw").commands == ()
 
 
+def test_an_object_of_any_name_read_back_is_removed_but_only_nft_names_are_created(web_objects):
+    """What the agent deletes may carry any name the kernel holds (someone else added it to
+    the agent's table); what it creates must be a name nft's grammar takes (commands.py)."""
+    desired = rendered(web_objects)
+    foreign = Ruleset({**desired.sets, "a set": {"type": ["ipv4_addr"]}}, {**desired.chains, "a chain": {}},
+                      {**desired.rules, "a chain": ({"expr": [{"accept": None}]},)}, desired.elements)
+    cmds = plan(foreign, desired, "ip", "natgw").commands
+    assert cmds == (
+        {"flush": {"chain": {"family": "ip", "table": "natgw", "name": "a chain"}}},
+        {"delete": {"set": {"family": "ip", "table": "natgw", "name": "a set"}}})
+    assert retire(stale_chains(foreign, desired), "ip", "natgw").commands == (
+        {"delete": {"chain": {"family": "ip", "table": "natgw", "name": "a chain"}}},)
+    with pytest.raises(CommandError, match="cannot add set 'a set': not an nft name"):
+        plan(desired, foreign, "ip", "natgw")
+
+
 def test_declaration_change_redeclares_in_the_same_transaction(web_objects):
     """A new affinity set size or base chain priority: rules flushed, the changed objects
     deleted and declared anew, everything else (elements, backend maps) kept."""
@@ -112,6 +131,19 @@ def test_an_altered_backend_map_is_emptied_of_its_users_and_redeclared(web_objec
     assert declare.commands == ({"add": {"table": {"family": "ip", "name": "natgw"}}},
                                 *(c for c in cmds if "map" in c.get("add", {})))
     assert main.commands == tuple(c for c in cmds[2:] if "map" not in c.get("add", {}))
+
+
+def test_a_backend_map_someone_made_a_plain_set_is_deleted_as_the_set_it_is(web_objects):
+    """nft 1.0.6 makes a plain set of a map declared in list form (agent/kernel/caps.py): a
+    delete names the kind the kernel holds (commands.set_kind; 1.0.6 takes either kind)."""
+    before = rendered(web_objects)
+    made_a_set = {k: v for k, v in before.sets["backend_0"].items() if k != "map"}
+    tampered = Ruleset({**before.sets, "backend_0": made_a_set}, before.chains, before.rules,
+                       {n: e for n, e in before.elements.items() if n != "backend_0"})
+    cmds = plan(tampered, before, "ip", "natgw").commands
+    ref = {"family": "ip", "table": "natgw"}
+    assert cmds[:2] == ({"flush": {"chain": {**ref, "name": "slot_0"}}}, {"delete": {"set": {**ref, "name": "backend_0"}}})
+    assert {"add": {"map": {**ref, "name": "backend_0", **before.sets["backend_0"]}}} in cmds
 
 
 def test_a_backend_map_redeclared_by_someone_else_is_repaired_in_the_table(web_objects):

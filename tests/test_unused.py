@@ -17,7 +17,6 @@ from tests.builders import ROOT
 
 # Entry points and protocol methods: called by name from outside agent/'s own code.
 ALLOWED = {
-    "agent/log.py _Stderr.flush",  # the file protocol: structlog's PrintLogger flushes its file
     "agent/ops/httpserve.py BoundedServer.process_request",  # socketserver.BaseServer calls these
     "agent/ops/httpserve.py BoundedServer.process_request_thread",
     "agent/ops/httpserve.py BoundedServer.handle_error",

@@ -5,15 +5,16 @@ the identity's `service-ips` element, its `dnat-<h>` chain and, for ClientIP, it
 `ep-<h>-<b>` chains and `aff-<h>-<b>` sets. Pure: the table comes in read back."""
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Iterable
 
+from agent.core.commands import Command, Table
 from agent.core.ruleset import ElemKey, Ruleset, key_json
 
 LEGACY_TABLE = "kube-ovn"
 LEGACY_MAP = "service-ips"
 
 
-def takeover_commands(legacy: Ruleset | None, identities: Iterable[ElemKey], family: str = "ip") -> list[dict[str, Any]]:
+def takeover_commands(legacy: Ruleset | None, identities: Iterable[ElemKey], family: str = "ip") -> list[Command]:
     """Commands removing the legacy objects of these identities (none if there are none).
 
     The agent's base chain runs first (priority -160 against -150), so new connections of
@@ -21,7 +22,7 @@ def takeover_commands(legacy: Ruleset | None, identities: Iterable[ElemKey], fam
     binding whatever happens to the rules that made it."""
     if legacy is None or LEGACY_MAP not in legacy.elements:
         return []
-    ref = {"family": family, "table": LEGACY_TABLE}
+    t = Table(family, LEGACY_TABLE)
     elements = legacy.elements[LEGACY_MAP]
     keys = [k for k in identities if k in elements]
     if not keys:
@@ -35,9 +36,8 @@ def takeover_commands(legacy: Ruleset | None, identities: Iterable[ElemKey], fam
         suffix = target.removeprefix("dnat-")
         chains += [target, *sorted(c for c in legacy.chains if c.startswith(f"ep-{suffix}-"))]
         sets += sorted(s for s in legacy.sets if s.startswith(f"aff-{suffix}-"))
-    commands: list[dict[str, Any]] = [
-        {"delete": {"element": {**ref, "name": LEGACY_MAP, "elem": [key_json(k) for k in keys]}}}]
-    commands += [{"flush": {"chain": {**ref, "name": c}}} for c in chains if c in legacy.chains]
-    commands += [{"delete": {"chain": {**ref, "name": c}}} for c in chains if c in legacy.chains]
-    commands += [{"delete": {"set": {**ref, "name": s}}} for s in sets]
+    commands = [t.delete_elements(LEGACY_MAP, [key_json(k) for k in keys])]
+    commands += [t.flush_chain(c) for c in chains if c in legacy.chains]
+    commands += [t.delete_chain(c) for c in chains if c in legacy.chains]
+    commands += [t.delete_set(s, legacy.sets[s]) for s in sets]
     return commands

@@ -1,6 +1,7 @@
 """Plan: the difference between what the kernel holds and the desired ruleset, as
-libnftables JSON commands, and the phases they are sent in (one atomic transaction each;
-one, unless maps must be declared in nft text first). Pure: no I/O.
+libnftables JSON commands (built by agent/core/commands.py), and the phases they are sent
+in (one atomic transaction each; one, unless maps must be declared in nft text first).
+Pure: no I/O.
 
 Order inside the transaction: declare what is new; rewrite changed chains; swap map
 elements; empty the chains and delete the sets nothing points to any more. Emptied chains
@@ -11,9 +12,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Collection, Iterable, Sequence
 
+from agent.core.commands import Command, Table
 from agent.core.ruleset import EMPTY, ElemKey, Ruleset, concat_data, data_json, key_json
-
-Command = dict[str, Any]
 
 PREPARE = "prepare"  # deletes that must commit before a declaration in text: the data plane changes
 DECLARE = "declare"  # maps declared in nft text: empty and unreferenced until the main phase commits
@@ -73,7 +73,7 @@ def plan(current: Ruleset | None, desired: Ruleset, family: str, table: str, tex
     # In the order the text path sends them (its phases, one after the other), so the
     # kernel holds and lists the table alike however the maps were declared.
     ordered = [c for phase in phased(commands, family, table).phases for c in phase.commands]
-    add_table = {"add": {"table": {"family": family, "name": table}}}
+    add_table = Table(family, table).add()
     ordered = [c for i, c in enumerate(ordered) if c != add_table or add_table not in ordered[:i]]
     return one_transaction([_json_form(c) if needs_text(c) else c for c in ordered])
 
@@ -107,9 +107,14 @@ def chunked(todo: Plan, max_elements: int) -> Plan:
         grouped: dict[int, list[Any]] = {}
         for i, entry in part:
             grouped.setdefault(i, []).append(entry)
-        commands = [{"add": {"element": {**main[i]["add"]["element"], "elem": grouped[i]}}} for i in sorted(grouped)]
+        commands = [_elements(main[i]["add"]["element"], grouped[i]) for i in sorted(grouped)]
         phases.append(Phase(PART if n < len(parts) - 1 else MAIN, tuple([*head, *commands] if n == 0 else commands)))
     return Plan(todo.commands, tuple(phases))
+
+
+def _elements(body: dict[str, Any], entries: list[Any]) -> Command:
+    """Entries added to the map an add-element command's body names."""
+    return Table(body["family"], body["table"]).add_elements(body["name"], entries)
 
 
 def element_count(commands: Sequence[Command]) -> int:
@@ -141,9 +146,10 @@ def needs_text(command: Command) -> bool:
 def _json_form(command: Command) -> Command:
     """A concatenated-data map's declaration as a JSON parser that takes one (nft >=
     1.1.0) wants it: the data types as a list."""
-    body = dict(command["add"]["map"])
-    body["map"] = str(body["map"]).split(" . ")
-    return {"add": {"map": body}}
+    body = command["add"]["map"]
+    decl = {k: v for k, v in body.items() if k not in ("family", "table", "name")}
+    decl["map"] = str(decl["map"]).split(" . ")
+    return Table(body["family"], body["table"]).add_set(body["name"], decl)
 
 
 def phased(commands: Sequence[Command], family: str, table: str) -> Plan:
@@ -162,34 +168,34 @@ def phased(commands: Sequence[Command], family: str, table: str) -> Plan:
                if "table" in c.get("delete", {}) or c.get("delete", {}).get("map", {}).get("name") in declared),
               default=0)
     phases = [Phase(PREPARE, tuple(rest[:cut]))] if cut else []
-    phases.append(Phase(DECLARE, ({"add": {"table": {"family": family, "name": table}}}, *declarations)))
+    phases.append(Phase(DECLARE, (Table(family, table).add(), *declarations)))
     if rest[cut:]:
         phases.append(Phase(MAIN, tuple(rest[cut:])))
     return Plan(tuple(commands), tuple(phases))
 
 
 def _commands(current: Ruleset | None, desired: Ruleset, family: str, table: str) -> list[Command]:
-    ref = {"family": family, "table": table}
+    t = Table(family, table)
     cmds: list[Command] = []
     if current is not None:
-        current = _redeclare(current, desired, ref, cmds)
+        current = _redeclare(current, desired, t, cmds)
     if current is None:
-        cmds.append({"add": {"table": {"family": family, "name": table}}})
+        cmds.append(t.add())
         current = EMPTY
 
     for name, decl in desired.sets.items():
         if name not in current.sets:
-            cmds.append({"add": {_set_kind(decl): {**ref, "name": name, **decl}}})
+            cmds.append(t.add_set(name, decl))
     for name, decl in desired.chains.items():
         if name not in current.chains:
-            cmds.append({"add": {"chain": {**ref, "name": name, **decl}}})
+            cmds.append(t.add_chain(name, decl))
     for name, rules in desired.rules.items():
         old = current.rules.get(name)
         if old == rules:
             continue
         if old:
-            cmds.append({"flush": {"chain": {**ref, "name": name}}})
-        cmds.extend({"add": {"rule": {**ref, "chain": name, **rule}}} for rule in rules)
+            cmds.append(t.flush_chain(name))
+        cmds.extend(t.add_rule(name, rule) for rule in rules)
 
     keys: dict[ElemKey, Any] = {}  # one JSON key per identity, shared by its elements
 
@@ -205,21 +211,19 @@ def _commands(current: Ruleset | None, desired: Ruleset, family: str, table: str
             continue  # the map itself goes below
         gone = [key(k) for k, e in elements.items() if wanted.get(k) != e]
         if gone:
-            cmds.append({"delete": {"element": {**ref, "name": name, "elem": gone}}})
+            cmds.append(t.delete_elements(name, gone))
     for name, elements in desired.elements.items():
         old = current.elements.get(name)
         new = [[{"elem": {"val": key(k), "comment": e.comment}} if e.comment else key(k), data_json(e.value)]
                for k, e in elements.items() if not old or old.get(k) != e]
         if new:
-            cmds.append({"add": {"element": {**ref, "name": name, "elem": new}}})
+            cmds.append(t.add_elements(name, new))
 
     # Stale chains are only emptied here and deleted by a later transaction (retire()):
     # kernels before 6.2 may refuse to delete a chain in the batch that removes the map
     # element pointing at it (EBUSY), as kube-proxy found.
-    cmds.extend({"flush": {"chain": {**ref, "name": n}}} for n in stale_chains(current, desired) if current.rules.get(n))
-    cmds.extend(
-        {"delete": {_set_kind(decl): {**ref, "name": n}}} for n, decl in current.sets.items() if n not in desired.sets
-    )
+    cmds.extend(t.flush_chain(n) for n in stale_chains(current, desired) if current.rules.get(n))
+    cmds.extend(t.delete_set(n, decl) for n, decl in current.sets.items() if n not in desired.sets)
     return cmds
 
 
@@ -230,10 +234,11 @@ def stale_chains(current: Ruleset | None, desired: Ruleset) -> list[str]:
 
 def retire(chains: list[str], family: str, table: str) -> Plan:
     """Delete chains emptied by an earlier transaction (nothing points at them any more)."""
-    return one_transaction({"delete": {"chain": {"family": family, "table": table, "name": n}}} for n in chains)
+    t = Table(family, table)
+    return one_transaction(t.delete_chain(n) for n in chains)
 
 
-def _redeclare(current: Ruleset, desired: Ruleset, ref: dict[str, str], cmds: list[Command]) -> Ruleset | None:
+def _redeclare(current: Ruleset, desired: Ruleset, t: Table, cmds: list[Command]) -> Ruleset | None:
     """Delete what is declared differently (appending the commands); returns the table as
     it stands after them (None: deleted whole), for the rest of the plan to fill.
 
@@ -247,21 +252,21 @@ def _redeclare(current: Ruleset, desired: Ruleset, ref: dict[str, str], cmds: li
     sets = [n for n, d in desired.sets.items() if n in current.sets and current.sets[n] != d]
     chains = [n for n, d in desired.chains.items() if n in current.chains and current.chains[n] != d]
     if any("hook" not in desired.chains[n] for n in chains):
-        cmds.append({"delete": {"table": {"family": ref["family"], "name": ref["table"]}}})
+        cmds.append(t.delete())
         return None
     texts = [n for n in sets if concat_data(current.sets[n]) or concat_data(desired.sets[n])]
     if texts:
         refs = {f'"@{n}"' for n in texts}
         users = [c for c, rules in current.rules.items() if any(r in json.dumps(rule) for rule in rules for r in refs)]
-        cmds.extend({"flush": {"chain": {**ref, "name": c}}} for c in users)
-        cmds.extend({"delete": {"map": {**ref, "name": n}}} for n in texts)
+        cmds.extend(t.flush_chain(c) for c in users)
+        cmds.extend(t.delete_set(n, current.sets[n]) for n in texts)
         current = _without(current, texts, [], users)
         sets = [n for n in sets if n not in texts]
     if not sets and not chains:
         return current
-    cmds.append({"flush": {"table": {"family": ref["family"], "name": ref["table"]}}})
-    cmds.extend({"delete": {_set_kind(current.sets[n]): {**ref, "name": n}}} for n in sets)
-    cmds.extend({"delete": {"chain": {**ref, "name": n}}} for n in chains)
+    cmds.append(t.flush())
+    cmds.extend(t.delete_set(n, current.sets[n]) for n in sets)
+    cmds.extend(t.delete_chain(n) for n in chains)
     return _without(current, sets, chains, current.chains)
 
 
@@ -274,10 +279,6 @@ def _without(rs: Ruleset, sets: Collection[str], chains: Collection[str], emptie
         rules={n: () if n in emptied else rs.rules.get(n, ()) for n in rs.chains if n not in chains},
         elements={n: e for n, e in rs.elements.items() if n not in sets},
     )
-
-
-def _set_kind(decl: dict[str, Any]) -> str:
-    return "map" if "map" in decl else "set"
 
 
 def document(commands: Sequence[Command]) -> str:

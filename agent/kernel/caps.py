@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from agent.errors import ApplyError
+from agent.core.commands import Table
 from agent.core.layout import BACKEND_DATA, IDENTITY_TYPE
 from agent.core.plan import Plan, one_transaction
 
@@ -57,19 +58,18 @@ def probe(nft: Writer, view: Reader, family: str, table: str) -> Capabilities:
     """Probe in the agent's own table (created if missing, as the first sync would):
     declare a concatenated-data map in JSON, read the kernel's declaration back, delete
     it. Two transactions of the agent's own; nothing of the data plane changes."""
-    ref = {"family": family, "table": table, "name": PROBE_MAP}
+    t = Table(family, table)
     concat = False
     try:
-        nft.apply(one_transaction([{"add": {"table": {"family": family, "name": table}}},
-                                   {"add": {"map": {**ref, "type": IDENTITY_TYPE, "map": BACKEND_DATA.split(" . ")}}}]))
-        declared = view.declaration(PROBE_MAP)
-        concat = declared is not None and declared.get("map") == BACKEND_DATA
-        kind = "map" if declared is not None and "map" in declared else "set"
-        nft.apply(one_transaction([{"delete": {kind: ref}}]))
+        nft.apply(one_transaction([t.add(),
+                                   t.add_set(PROBE_MAP, {"type": IDENTITY_TYPE, "map": BACKEND_DATA.split(" . ")})]))
+        declared = view.declaration(PROBE_MAP) or {}  # none: a set, as nft 1.0.6 would have made
+        concat = declared.get("map") == BACKEND_DATA
+        nft.apply(one_transaction([t.delete_set(PROBE_MAP, declared)]))
     except ApplyError:
         pass  # refused outright: JSON cannot declare it
     # Destroying a table that is not there: refused by nft < 1.0.8's parser or by a kernel
     # before 6.3 (a dry run still asks the kernel), accepted where destroy works.
-    destroy = nft.accepts([{"destroy": {"table": {"family": family, "name": f"{table}_absent"}}}])
+    destroy = nft.accepts([Table(family, f"{table}_absent").destroy()])
     return Capabilities(nft_version=nft.version(), kernel=os.uname().release, json_concat_maps=concat,
                         destroy=destroy)

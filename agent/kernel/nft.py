@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import subprocess
 from typing import Any, Protocol, Sequence
 
 from agent.errors import ApplyError
 from agent.memory import no_fastbins
+from agent.core.commands import IDENTIFIER
 from agent.core.plan import DECLARE, PART, PREPARE, Plan
 
 
@@ -52,8 +52,7 @@ class _Context:
             self._ctx.set_dry_run(False)
 
 
-# What text_declaration() may write: names and types the agent itself generates.
-IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+# What text_declaration() may write: names (IDENTIFIER) and types the agent itself generates.
 _TYPES = frozenset({"ipv4_addr", "inet_proto", "inet_service"})
 
 

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from agent.core.commands import Table
 from agent.core.desired import ListCatalog
 from agent.core.plan import document, one_transaction
 from agent.errors import ApplyError
@@ -70,7 +71,7 @@ def cleanup(table: str) -> int:
         if KernelView(FAMILY, table, subscribe=False).read() is None:
             print(f"natgw-agent: no table {FAMILY} {table}: nothing to remove")
             return 0
-        Nft(FAMILY, table).apply(one_transaction([{"delete": {"table": {"family": FAMILY, "name": table}}}]))
+        Nft(FAMILY, table).apply(one_transaction([Table(FAMILY, table).delete()]))
     except (ApplyError, NetlinkError) as err:
         print(f"natgw-agent: cleanup failed: {err}", file=sys.stderr)
         return 1

@@ -11,6 +11,7 @@ from typing import Any, Callable, ContextManager, Iterable, Protocol
 import structlog
 
 from agent.run.cleanup import Cleanup, Slice
+from agent.core.commands import Command, Table
 from agent.core.desired import Catalog, ListCatalog, ObjectKey
 from agent.errors import ApplyError
 from agent.kernel.view import Damage
@@ -246,8 +247,7 @@ class Reconciler:
             log.info("affinity entries of removed backends deleted", set=piece.set_name, entries=len(piece.keys))
         return len(piece.keys)
 
-    def _delete_entries(self, piece: Slice) -> dict[str, Any]:
+    def _delete_entries(self, piece: Slice) -> Command:
         # destroy (kernel 6.3+, probed): an entry that expired meanwhile fails nothing.
-        verb = "destroy" if self.caps.destroy else "delete"
-        ref = {"family": self.nft.family, "table": self.nft.table, "name": piece.set_name}
-        return {verb: {"element": {**ref, "elem": [key_json(k) for k in piece.keys]}}}
+        t, keys = Table(self.nft.family, self.nft.table), [key_json(k) for k in piece.keys]
+        return (t.destroy_elements if self.caps.destroy else t.delete_elements)(piece.set_name, keys)
