@@ -120,3 +120,18 @@ def test_a_slow_client_is_cut_off_after_the_request_bound_however_it_trickles(he
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_shutdown_needs_no_connection_to_the_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    # In a network namespace whose lo is down nothing reaches 127.0.0.1: the stop must not
+    # depend on a connection (it once did, and an idle agent ignored SIGTERM for an hour).
+    def unreachable(*args: Any, **kwargs: Any) -> socket.socket:
+        raise OSError("network unreachable")
+
+    server = BoundedServer(("127.0.0.1", 0), BaseHTTPRequestHandler).start("test")
+    monkeypatch.setattr(socket, "create_connection", unreachable)
+    stopper = threading.Thread(target=server.shutdown, daemon=True)
+    stopper.start()
+    stopper.join(10)
+    assert not stopper.is_alive(), "shutdown still waiting for serve_forever"
+    server.server_close()

@@ -58,16 +58,18 @@ class BoundedServer(ThreadingHTTPServer):
 
     def shutdown(self) -> None:
         """Stop serve_forever at once: the flag is set (by socketserver's own shutdown, in a
-        thread, as it waits for the loop to end), and connections to the server end its
-        wait in select() until the loop has seen the flag."""
+        thread, as it waits for the loop to end), and shutting the listening socket down
+        ends the loop's wait in select() (Linux wakes a poll on a listening socket shut
+        down; its accept then fails, which the loop takes in its stride). Not by connecting
+        to it: in a network namespace whose lo is down (a fresh one) that never arrives,
+        and the agent waited out its hour-long select on SIGTERM."""
         stopper = threading.Thread(target=super().shutdown, daemon=True)
         stopper.start()
-        host, port = self.server_address[:2]
         while stopper.is_alive():
             try:
-                socket.create_connection(("127.0.0.1" if host in ("", "0.0.0.0") else host, port), timeout=1).close()
+                socket.socket.shutdown(self.socket, socket.SHUT_RDWR)  # the plain one, also under TLS
             except OSError:
-                pass  # closed already, or not reachable: the join below decides
+                pass  # not connected (some kernels), or closed already: the join below decides
             stopper.join(0.05)
 
 
