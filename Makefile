@@ -14,7 +14,7 @@ DEBIAN13_VENV := .venv-debian13
 SID_ROOT ?= /var/tmp/natgw-agent-sid
 SID_VENV := .venv-sid
 
-.PHONY: deps run image test test-here test-debian13 test-sid unit netns bench bench-busy bench-busy-debian13 bench-busy-report \
+.PHONY: deps run image test test-here test-image test-debian13 test-sid unit netns bench bench-busy bench-busy-debian13 bench-busy-report \
 	bench-cleanup bench-cleanup-report bench-footprint clean
 
 # Debian packages (the nftables binding is only packaged by the distro), then a virtualenv
@@ -45,26 +45,36 @@ image: deps
 # namespaces). All run even if one fails; the summary names the systems that failed.
 test:
 	@failed=; \
-	$(MAKE) --no-print-directory test-here || failed="$$failed, this system ($$(. /etc/os-release; echo $$PRETTY_NAME))"; \
+	$(MAKE) --no-print-directory test-here PYTEST_ARGS=$(NO_IMAGE) || failed="$$failed, this system ($$(. /etc/os-release; echo $$PRETTY_NAME))"; \
+	$(MAKE) --no-print-directory test-image || failed="$$failed, the image ($(TEST_IMAGE_NAME))"; \
 	$(MAKE) --no-print-directory test-debian13 || failed="$$failed, the Debian 13 root ($(DEBIAN13_ROOT))"; \
 	$(MAKE) --no-print-directory test-sid || failed="$$failed, the sid root ($(SID_ROOT))"; \
 	if [ -n "$$failed" ]; then echo "make test: FAILED on$${failed#,}" >&2; exit 1; fi; \
-	echo "make test: passed on this system, in the Debian 13 root and in the sid root"
+	echo "make test: passed on this system, its image, in the Debian 13 root and in the sid root"
 
 # This system's suite only (whatever system make runs on; inside the root, Debian 13's).
+# PYTEST_ARGS: more pytest arguments (the roots' runs and `test` pass NO_IMAGE).
 test-here: deps
-	$(PY) -m pytest tests netns-tests bench/test_quick.py
+	$(PY) -m pytest tests netns-tests bench/test_quick.py $(PYTEST_ARGS)
+
+# The agent's image run as a gateway pod (netns-tests/test_image.py), on this host only:
+# podman runs no container inside the Debian roots. Builds localhost/natgw-agent:test
+# first (about 50 s) unless NATGW_TEST_IMAGE names a built image.
+NO_IMAGE := --ignore=netns-tests/test_image.py
+TEST_IMAGE_NAME = $(or $(NATGW_TEST_IMAGE),localhost/natgw-agent:test)
+test-image: deps
+	$(PY) -m pytest netns-tests/test_image.py
 
 # The suite in the Debian 13 root: builds the root when missing, then runs test-here there
 # with a virtualenv of its own (deps installs the Debian packages inside the root).
 test-debian13:
 	images/debian/root.sh trixie build $(DEBIAN13_ROOT)
-	images/debian/root.sh trixie run $(DEBIAN13_ROOT) $(CURDIR) -- make VENV=$(DEBIAN13_VENV) test-here
+	images/debian/root.sh trixie run $(DEBIAN13_ROOT) $(CURDIR) -- make VENV=$(DEBIAN13_VENV) PYTEST_ARGS=$(NO_IMAGE) test-here
 
 # The same in the sid root (nftables 1.1.7, Python 3.14).
 test-sid:
 	images/debian/root.sh sid build $(SID_ROOT)
-	images/debian/root.sh sid run $(SID_ROOT) $(CURDIR) -- make VENV=$(SID_VENV) test-here
+	images/debian/root.sh sid run $(SID_ROOT) $(CURDIR) -- make VENV=$(SID_VENV) PYTEST_ARGS=$(NO_IMAGE) test-here
 
 unit: deps
 	$(PY) -m pytest tests

@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.."
 
 IMAGE=${1:-${IMAGE:-localhost/natgw-agent:dev}}
 SUITE=trixie
-OUT=build/image
+OUT=${IMAGE_OUT:-build/image}  # the tests build into a directory of their own
 # What the agent imports at run time, from Debian (tests/test_image.py checks the list
 # against pyproject.toml's dependencies); python3-installer only to unpack the wheel, then purged.
 PACKAGES=python3,python3-nftables,nftables,python3-structlog,python3-prometheus-client,python3-yaml,python3-kubernetes

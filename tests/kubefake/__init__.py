@@ -1,7 +1,7 @@
 """In-process fake Kubernetes API server for what natgw-agent asks of the API.
 
 No API server can run on the test machines, so this speaks the part of the real wire protocol
-the agent uses (JSON over HTTP/1.1, chunked watch streams, Status errors, one global
+the agent uses (JSON over HTTP/1.1 or HTTPS, chunked watch streams, Status errors, one global
 resourceVersion, BOOKMARKs, ERROR 410 after compaction, paginated lists) for the official
 ``kubernetes`` client to talk to it unchanged. Standard library only, so it can also run inside
 a network namespace.
@@ -21,8 +21,8 @@ included, and updates are not checked against their resourceVersion.
 
 Modules: ``protocol`` (resources, Status errors, request attributes, continue tokens),
 ``store`` (objects, versions, history, compaction, watches), ``server`` (the HTTP handler),
-``listener`` (the socket, outages), ``crds`` (the CRD it serves), ``fake`` (FakeKube: all together,
-and what tests drive).
+``listener`` (the socket, outages, TLS), ``tls`` (certificates for it), ``crds`` (the CRD it
+serves), ``fake`` (FakeKube: all together, and what tests drive).
 """
 from .fake import FakeKube
 from .protocol import Request

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import ssl
 import threading
 import time
 from collections import deque
@@ -20,20 +21,23 @@ class FakeKube:
     ``sock``: an already-bound TCP socket to serve on (it may live in another network
     namespace), bound to an explicit port if ``set_down()`` is used; without it, a loopback
     port is chosen. ``bookmark_interval``: seconds between BOOKMARKs on watches that allow
-    them; None sends them only on ``bookmark()``.
+    them; None sends them only on ``bookmark()``. ``tls``: a server context (see
+    ``kubefake.tls``) to serve HTTPS with, as the API server does; plain HTTP without.
     """
 
-    def __init__(self, sock: Any = None, *, bookmark_interval: float | None = None) -> None:
+    def __init__(self, sock: Any = None, *, bookmark_interval: float | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.bookmark_interval = bookmark_interval
         self.store = Store()
         self._lock = threading.Lock()
         self._requests: list[Request] = []
         self._failures: dict[str, deque[int]] = {}
-        self._listener = Listener(sock, lambda conn, addr: Handler(conn, addr, self))  # type: ignore[arg-type]
+        self._listener = Listener(sock, lambda conn, addr: Handler(conn, addr, self), tls)  # type: ignore[arg-type]
         host = self._listener.sock.getsockname()[0]
         host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
         port = self._listener.port
-        self.url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        scheme = "https" if tls is not None else "http"
+        self.url = f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
         self.set_crd(dnat_rule_crd())  # a cluster with kube-ovn has it (the agent reads it to check the schema)
 
     # -- lifecycle ------------------------------------------------------------------------------

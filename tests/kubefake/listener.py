@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -10,10 +11,12 @@ from typing import Any
 class Listener:
     """Accepts connections on one socket, serving each on its own thread. ``down()`` stops
     listening (connects are refused) and cuts open connections; ``up()`` listens again on
-    the same port."""
+    the same port. ``tls``: each connection is served over TLS with this server context."""
 
-    def __init__(self, sock: socket.socket | None, serve: Callable[[socket.socket, Any], object]) -> None:
+    def __init__(self, sock: socket.socket | None, serve: Callable[[socket.socket, Any], object],
+                 tls: ssl.SSLContext | None = None) -> None:
         self.sock = sock if sock is not None else _bind_loopback()
+        self.tls = tls
         self.port: int = self.sock.getsockname()[1]
         self._serve = serve
         self._conns: set[socket.socket] = set()
@@ -77,11 +80,24 @@ class Listener:
 
     def _run(self, conn: socket.socket, addr: Any) -> None:
         try:
+            if self.tls is not None:  # the handshake on this thread: a slow client holds up no other
+                conn = self._wrap(conn)
             self._serve(conn, addr)
         except OSError:
             pass  # cut by down()/stop()/break_watches() or by the client: expected
         finally:
             self._untrack(conn)
+
+    def _wrap(self, conn: socket.socket) -> socket.socket:
+        """The TLS socket in place of the plain one (which wrapping detaches), tracked
+        before its handshake so that down() can cut it."""
+        assert self.tls is not None
+        with self._lock:
+            self._conns.discard(conn)
+            wrapped = self.tls.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+            self._conns.add(wrapped)
+        wrapped.do_handshake()
+        return wrapped
 
     def _untrack(self, conn: socket.socket) -> None:
         with self._lock:

@@ -6,6 +6,7 @@ import json
 import queue
 import select
 import socket
+import ssl
 import time
 import traceback
 from http.server import BaseHTTPRequestHandler
@@ -139,9 +140,13 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = not clean
 
     def _client_gone(self) -> bool:
-        # A watch client that hung up shows as a readable socket with nothing to read.
+        # A watch client that hung up shows as a readable socket with nothing to read. Over
+        # TLS it cannot be peeked at, and a client in a watch sends nothing until it hangs up
+        # (a close_notify alert, or the end of the stream): readable is gone.
         try:
             readable, _, _ = select.select([self.connection], [], [], 0)
+            if readable and isinstance(self.connection, ssl.SSLSocket):
+                return True
             return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
         except (OSError, ValueError):
             return True
