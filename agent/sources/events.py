@@ -31,8 +31,9 @@ class EventRecorder:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, timeout: float = 2.0) -> None:
-        """Send what is queued (for up to `timeout`), then stop."""
+    def stop(self, timeout: float = 0.3) -> None:
+        """Send what is queued (for up to `timeout`: the agent stops within a second of
+        SIGTERM; what an unreachable API has not taken by then is dropped), then stop."""
         try:
             self._queue.put(None, timeout=timeout)
         except queue.Full:

@@ -108,13 +108,18 @@ class KubeSource:
         for thread in self._threads:
             thread.start()
 
-    def stop(self, timeout: float = 2.0) -> None:
+    def stop(self, timeout: float = 0.3) -> None:
+        """Stop the watches; wait for their threads `timeout` seconds in all. A watch blocked
+        reading a quiet stream (bookmarks come every minute or so) ends at its next event
+        or with the process: its thread is a daemon, and the agent must stop within a
+        second of SIGTERM (two threads waited 2 s each: measured 4.2 s)."""
         self._stop.set()
         for w in list(self._watches.values()):
             w.stop()
+        deadline = time.monotonic() + timeout
         for thread in self._threads:
             if thread.is_alive():
-                thread.join(timeout)
+                thread.join(max(0.0, deadline - time.monotonic()))
 
     # The watch threads.
 

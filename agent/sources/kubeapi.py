@@ -9,7 +9,9 @@ client, leader election, informers; and the typed APIs build a pydantic validato
 method. Measured in the agent: 16 MB of its memory; the parts used here, 10 MB. So the
 packages `kubernetes`, `kubernetes.config` and `kubernetes.utils` are entered without running their
 __init__ (their submodules import as usual), unless something imported them already.
-Needs kubernetes >= 37 (ApiClient.param_serialize; the lazy kubernetes.client)."""
+Takes the client as Debian 13 packages it (30.1: the older ApiClient.call_api; its
+kubernetes.client imports every API and model, ~6 MB more) and as PyPI has it (>= 37:
+ApiClient.param_serialize, the lazy kubernetes.client)."""
 from __future__ import annotations
 
 import importlib.util
@@ -77,10 +79,29 @@ def request(api: ApiClient, method: str, path: str, body: dict[str, Any] | None 
 
 def _call(api: ApiClient, method: str, path: str, body: dict[str, Any] | None, query: list[tuple[str, Any]] | None,
           timeout: Any) -> Any:
+    """The open response: its status, read(), data, and the urllib3 response under it."""
     headers = {"Accept": "application/json", **({"Content-Type": "application/json"} if body is not None else {})}
-    params = api.param_serialize(method, path, query_params=query or [], header_params=headers, body=body,
-                                 auth_settings=["BearerToken"])
-    return api.call_api(*params, _request_timeout=timeout)
+    if hasattr(api, "param_serialize"):
+        params = api.param_serialize(method, path, query_params=query or [], header_params=headers, body=body,
+                                     auth_settings=["BearerToken"])
+        return api.call_api(*params, _request_timeout=timeout)
+    # The older client (Debian's 30.1): one call does both, and raises ApiException on an
+    # error status itself.
+    return _Opened(api.call_api(path, method, query_params=query or [], header_params=headers, body=body,
+                                auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True,
+                                _request_timeout=timeout))
+
+
+class _Opened:
+    """An older client's raw urllib3 response, as the newer one hands it over."""
+
+    def __init__(self, raw: Any) -> None:
+        self.response, self.status = raw, raw.status
+        self.data = b""
+
+    def read(self) -> bytes:
+        self.data = self.response.data
+        return self.data
 
 
 def lister(api: ApiClient, plural: str) -> Any:
@@ -95,7 +116,8 @@ def lister(api: ApiClient, plural: str) -> Any:
                      _request_timeout: Any = TIMEOUT):  # type: ignore[no-untyped-def]
         # No return annotation, no ":return:" line: Watch then hands events over as parsed
         # JSON, without a second pass through the client's deserializer.
-        query = [(key, value) for key, value in (
+        # Booleans spelled as the API's own clients do ("true": older clients send "True").
+        query = [(key, str(value).lower() if isinstance(value, bool) else value) for key, value in (
             ("allowWatchBookmarks", allow_watch_bookmarks), ("continue", _continue), ("limit", limit),
             ("resourceVersion", resource_version), ("timeoutSeconds", timeout_seconds), ("watch", watch))
             if value is not None]
