@@ -35,12 +35,12 @@ from typing import Iterable, Sequence
 
 from agent.core.model import Backend
 
-# The table's size M: the smallest size tried (primes 31 to 61) that keeps every promise
-# for 2..8 backends over 10,000 clients, worst of 100 random backend sets per N: shares
-# within 2.4 points of 1/N (promise 4); removing one of N moves at most 1/N + 15 points,
-# adding one at most 1/(N+1) + 13 (promise 15). M=31 halves the map elements (10,000
-# identities: 610,000 -> 310,000) and keeps them for 4 backends (14 and 13), but moves
-# up to 1/N + 23 points at 8. M=127 moves at most 10, for twice the elements again.
+# The table's size M, from measurements over 10,000 clients and 100 random backend sets
+# for each N in 2..8 (tests/test_consistent.py checks a sample): shares within 2.4 points
+# of 1/N (promise 4); removing one of N moves 1/N + 3.4 points on average, + 8.3 at p95,
+# + 15.1 at worst (promise 15); adding one, 1/(N+1) + 4.2, 8.7, 12.6. M=31 halves the map
+# elements (10,000 identities: 610,000 -> 310,000) but reaches + 22.7 (p95 13.0); M=127
+# reaches + 10.0, for twice the elements again.
 SIZE = 61
 # Any fixed value serves; a non-zero one, so no reader wonders whether `seed 0` is sent.
 SEED = 0x6E677731  # "ngw1"
@@ -52,6 +52,7 @@ _BUCKET_SEED = 2
 JHASH_INITVAL = 0xDEADBEEF
 _U32 = 0xFFFFFFFF
 _U64 = 0xFFFFFFFFFFFFFFFF
+_WIDE = 1 << 16  # buckets and backends are numbered in 16 bits of a pair
 
 
 class NoBackends(ValueError):
@@ -63,21 +64,15 @@ def _rol(word: int, shift: int) -> int:
 
 
 def _mix(a: int, b: int, c: int) -> tuple[int, int, int]:
-    """__jhash_mix: mix three 32-bit values reversibly (six steps of subtract, xor a
-    rotation, add)."""
-    a = ((a - c) & _U32) ^ _rol(c, 4)
-    c = (c + b) & _U32
-    b = ((b - a) & _U32) ^ _rol(a, 6)
-    a = (a + c) & _U32
-    c = ((c - b) & _U32) ^ _rol(b, 8)
-    b = (b + a) & _U32
-    a = ((a - c) & _U32) ^ _rol(c, 16)
-    c = (c + b) & _U32
-    b = ((b - a) & _U32) ^ _rol(a, 19)
-    a = (a + c) & _U32
-    c = ((c - b) & _U32) ^ _rol(b, 4)
-    b = (b + a) & _U32
-    return a, b, c
+    """__jhash_mix: mix three 32-bit values reversibly. Each of its six steps is
+    `x -= z; x ^= rol32(z, r); z += y` on the values taken in turn (a, b, c), (b, c, a),
+    (c, a, b), ..., so after six the names are back in place."""
+    x, y, z = a, b, c
+    for shift in (4, 6, 8, 16, 19, 4):
+        x = ((x - z) & _U32) ^ _rol(z, shift)
+        z = (z + y) & _U32
+        x, y, z = y, z, x
+    return x, y, z
 
 
 def _final(a: int, b: int, c: int) -> int:
@@ -145,18 +140,19 @@ def _bucket_keys(size: int) -> tuple[int, ...]:
     return tuple(jhash(i.to_bytes(4, "big"), _BUCKET_SEED) for i in range(size))
 
 
-def _scores(backend: Backend, keys: tuple[int, ...]) -> list[int]:
-    """A backend's score for each bucket: splitmix64's finalizer over the hash of its
-    canonical name "ip:port" beside the bucket's key (one multiply chain per pair: a
-    jhash per pair would cost 3x the time for the same spread)."""
+def _pairs(backend: Backend, index: int, keys: tuple[int, ...]) -> list[int]:
+    """A backend's pairs with every bucket, each one int that sorts by score first:
+    score << 32 | bucket << 16 | index (ints sort 3x faster than tuples). The score is
+    splitmix64's finalizer over the hash of the backend's canonical name "ip:port" beside
+    the bucket's key: a multiply chain, where a jhash per pair would cost 3x the time."""
     high = jhash(str(backend).encode(), _BACKEND_SEED) << 32
-    scores = []
-    for key in keys:
+    pairs = []
+    for bucket_, key in enumerate(keys):
         z = (high | key) + 0x9E3779B97F4A7C15
         z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _U64
         z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _U64
-        scores.append(z ^ (z >> 31))
-    return scores
+        pairs.append((z ^ (z >> 31)) << 32 | bucket_ << 16 | index)
+    return pairs
 
 
 def table(backends: Iterable[Backend], size: int = SIZE) -> tuple[Backend, ...]:
@@ -172,26 +168,27 @@ def table(backends: Iterable[Backend], size: int = SIZE) -> tuple[Backend, ...]:
     members = sorted(set(backends), key=_order)
     if not members:
         return ()
-    if size < 1:
-        raise ValueError(f"table size {size} is below 1")
+    if not 1 <= size < _WIDE or len(members) >= _WIDE:
+        raise ValueError(f"a table of {size} buckets for {len(members)} backends is out of range")
     keys = _bucket_keys(size)
-    pairs = sorted(((score, bucket_, j) for j, member in enumerate(members)
-                    for bucket_, score in enumerate(_scores(member, keys))), reverse=True)
+    pairs = [pair for index, member in enumerate(members) for pair in _pairs(member, index, keys)]
+    pairs.sort(reverse=True)
     quota, extra = divmod(size, len(members))
     owner = [-1] * size
     held = [0] * len(members)
     left = size
-    for _, bucket_, j in pairs:
-        if owner[bucket_] >= 0 or held[j] > quota or (held[j] == quota and not extra):
+    for pair in pairs:
+        bucket_, index = (pair >> 16) & 0xFFFF, pair & 0xFFFF
+        if owner[bucket_] >= 0 or held[index] > quota or (held[index] == quota and not extra):
             continue
-        if held[j] == quota:
+        if held[index] == quota:
             extra -= 1
-        owner[bucket_] = j
-        held[j] += 1
+        owner[bucket_] = index
+        held[index] += 1
         left -= 1
         if not left:
             break
-    return tuple(members[j] for j in owner)
+    return tuple(members[index] for index in owner)
 
 
 def choose(backends: Iterable[Backend], client: str, size: int = SIZE, seed: int = SEED) -> Backend:
