@@ -1,4 +1,4 @@
-"""kube-proxy's nftables way (REFERENCE section 4), as one `nft -f` batch from one process.
+"""kube-proxy's nftables way (pkg/proxy/nftables: a private table, one vmap dispatch, partial syncs), as one `nft -f` batch from one process.
 
 Per identity (kube-proxy: per service port) a chain `service-<h>` whose rule is an inline
 `numgen random mod N vmap { i : goto endpoint-<h>-<b> }` (an anonymous map each), and per

@@ -1,4 +1,4 @@
-"""The legacy script's way (REFERENCE section 3): one `nft -f -` process per identity,
+"""The legacy script's way (kube-ovn's nat-gateway.sh nft-dnat-map-add): one `nft -f -` process per identity,
 each with the commands `nat-gateway.sh nft-dnat-map-add` issues for it, in text syntax.
 
 Written from the description, not copied: table, base chain and map are declared

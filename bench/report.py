@@ -345,7 +345,7 @@ def markdown(res: dict[str, Any]) -> str:
         "a second: the kernel frees a deleted namespace's tables in a work queue after `ip netns del` returns, and "
         "that must not run while the next case is timed.",
         "",
-        "- **legacy**: the legacy script's way (REFERENCE section 3), from its description: one `nft -f -` process per "
+        "- **legacy**: the legacy script's way (kube-ovn's nat-gateway.sh), from its description: one `nft -f -` process per "
         "identity with what `nft-dnat-map-add` sends for it: table, base chain and `service-ips` map declared idempotently, "
         "the base chain flushed and its vmap rule re-added, the identity's `dnat-<h>` chain emptied and refilled with an "
         "inline `numgen random mod N map { }` dnat, its map element; ClientIP adds per backend a timeout set `aff-<h>-<b>` "
@@ -356,7 +356,7 @@ def markdown(res: dict[str, Any]) -> str:
         "- **kube-proxy style**: one `nft -f -` batch, one process: per identity a `service-<h>` chain with an inline "
         "`numgen random mod N vmap { }` to per-backend `endpoint-<h>-<b>` chains that dnat; ClientIP adds a timeout set per "
         "endpoint, an `ip saddr @affinity-...` check per endpoint in the service chain and an `update` in the endpoint chain "
-        "(REFERENCE section 4). A change flushes and refills that service's chain in one batch (new endpoint chain added, "
+        "(kube-proxy's nftables mode). A change flushes and refills that service's chain in one batch (new endpoint chain added, "
         "old one flushed); the old chain (and set) is deleted by a second batch a second later, timed separately.",
         "- **agent**: its real code path, in a child process inside the namespace: `DirectorySource(dir).poll()` on "
         f"manifests written as JSON `kind: List` files ({RULES_PER_FILE_IDENTITIES:,} identities = "
@@ -419,7 +419,7 @@ def markdown(res: dict[str, Any]) -> str:
             f"measured {fmt_s(r['seconds'])}" for r in fits)
             + ". The per-process times are noisy (other processes share the 2 CPUs), so read the extrapolations as "
             "rough orders of magnitude. They are also a lower bound for the real script: it runs bash, computes its md5 "
-            "hashes and is reached through pods/exec per rule (REFERENCE: ~37 ms per identity in the pod); here each "
+            "hashes and is reached through pods/exec per rule (measured before in a gateway pod: ~37 ms per identity); here each "
             "identity costs only its `nft -f` process.", ""]
     per = [r for r in res["legacy"]]
     if per:

@@ -214,7 +214,7 @@ def probe(lab: Lab, path: str) -> tuple[int, str]:
 def kernel_table(lab: Lab, entries: bool = False) -> dict[str, Any] | None:
     """The agent's table read over the agent's own netlink view, in the gateway namespace
     (a libnftables listing, `nft list ...` included, never returns while another table
-    commits every 100 ms: REFERENCE section 7). `static`: everything but the affinity
+    commits every 100 ms: measured here). `static`: everything but the affinity
     entries, canonical; `entries`: set -> sorted keys."""
     code = ("import json, sys\nfrom agent.kernel.view import KernelView\n"
             "v = KernelView('ip', sys.argv[1], subscribe=False)\nst = v.read_state()\nrs = st and st.ruleset()\n"

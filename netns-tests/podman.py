@@ -3,7 +3,7 @@ derives the arguments from the injector's spec); used by test_image.py.
 
 This machine's sandbox needs `--runtime runc --cgroup-manager cgroupfs` (crun refuses its
 hybrid cgroups) and explicit low limits (it cannot raise them: podman's defaults fail in
-setrlimit): ../shared/REFERENCE.md section 10. Those are the sandbox's, not the pod's, so
+setrlimit), measured here. Those are the sandbox's, not the pod's, so
 they are added here and not derived."""
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ h - 1), which is what tests/fixtures/jhash-kernel.json holds for the unit tests:
 checks the kernel still gives those values, and UPDATE_GOLDEN=1 records them anew.
 
 The sets are declared `typeof ip saddr . meta mark`, never with `jhash` in a typeof (that
-loads, but then `nft list ruleset` segfaults: REFERENCE section 9)."""
+loads, but then `nft list ruleset` segfaults, nft 1.0.6 and 1.1.3: seen here)."""
 from __future__ import annotations
 
 import contextlib

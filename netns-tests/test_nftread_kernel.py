@@ -1,7 +1,7 @@
 """The agent's own netlink read-back (agent/kernel/nftread.py) against the real kernel: it equals
 what the agent renders (and, on nft 1.0.6, what libnftables lists), at 10,000 identities x 4
 backends too, and it completes while another table commits every 100 ms (where a
-libnftables listing of such a table never returns, REFERENCE section 7). Each case runs
+libnftables listing of such a table never returns, measured here). Each case runs
 netns-tests/scripts/nftread_kernel.py inside a namespace of its own (always deleted);
 times are printed, not asserted."""
 from __future__ import annotations
@@ -56,7 +56,7 @@ def scaled_ns() -> Iterator[str]:
 
 def check_nft_read(report: dict[str, Any]) -> None:
     """Equal to libnftables' listing where that listing is the canonical form (1.0.6);
-    newer nft lists the same table differently (REFERENCE section 7)."""
+    newer nft lists the same table differently (1.1.x: other forms of the same meaning)."""
     if report["nft_version"] == "1.0.6":
         assert report["equals_nft_read"], report["diff_nft_read"]
 

@@ -1,5 +1,5 @@
 """Taking over from the legacy script (agent/core/legacy.py): on legacy tables laid out as
-nat-gateway.sh lays them out (REFERENCE section 3), built here from the script's own
+nat-gateway.sh lays them out, built here from the script's own
 naming (md5 of "eip:port:proto" and of "ip:port"), loaded into the fake, which refuses
 to delete a missing object or one still referenced, as the kernel does.
 
