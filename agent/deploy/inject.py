@@ -32,7 +32,7 @@ SERVICE_ACCOUNT = "natgw-agent"
 @dataclass(frozen=True)
 class Options:
     image: str
-    """The agent's image (images/Dockerfile)."""
+    """The agent's image (`make image`: images/build.sh)."""
 
     service_account: str = SERVICE_ACCOUNT
     """Given to gateway pods that run under none or `default` (see account_ops); kube-ovn's
