@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -35,8 +36,18 @@ def _nft(ns: str, *args: str) -> str:
     return subprocess.run(["ip", "netns", "exec", ns, "nft", *args], capture_output=True, text=True, check=True).stdout
 
 
+def _events(log: Path) -> dict[str, dict]:
+    """The first log entry of each event."""
+    found: dict[str, dict] = {}
+    for line in log.read_text().splitlines():
+        if line.startswith("{"):
+            entry = json.loads(line)
+            found.setdefault(entry.get("event", ""), entry)
+    return found
+
+
 def _synced(log: Path) -> bool:
-    return any(json.loads(line).get("event") == "synced" for line in log.read_text().splitlines() if line.startswith("{"))
+    return "synced" in _events(log)
 
 
 @pytest.mark.parametrize("entry", ["agent.cli", "agent.deploy.supervise"])
@@ -50,6 +61,10 @@ def test_sigterm_ends_an_idle_agent_within_a_second(fresh_ns: str, tmp_path: Pat
         proc = subprocess.Popen(["ip", "netns", "exec", fresh_ns, *argv], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
     try:
         wait_for(lambda: _synced(log), 15, what="the first sync")
+        # What it runs on, said at start: the Python and the nftables (with its capabilities).
+        said = _events(log)
+        assert said["starting"]["python"] == platform.python_version()
+        assert said["capabilities"]["nft_version"] == _nft(fresh_ns, "--version").split()[1].lstrip("v")
         time.sleep(1.0)  # idle: nothing left to do, every thread asleep
         rules = _nft(fresh_ns, "-s", "list", "table", "ip", "natgw")
         sent = time.monotonic()

@@ -3,6 +3,7 @@ kernel's writer and views, conntrack, the API client, the status socket, the HTT
 endpoints) and hands them to the parts that use them; nothing below builds its own."""
 from __future__ import annotations
 
+import platform
 import signal
 from typing import Any, Callable
 
@@ -84,8 +85,9 @@ def run(settings: Settings) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         # The rules stay in the kernel: the data plane outlives the process.
         signal.signal(sig, lambda *_: stop.set())
+    # The nftables it runs on comes with the capabilities it probes (their log line).
     log.info("starting", gateway=settings.gateway, table=settings.table,
-             source=str(settings.from_dir) if settings.from_dir else "kubernetes")
+             source=str(settings.from_dir) if settings.from_dir else "kubernetes", python=platform.python_version())
     events = None
     if api is not None:
         from agent.sources.events import EventRecorder
