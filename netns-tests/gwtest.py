@@ -3,6 +3,7 @@ namespace, manifests, waiting, statistics. (Not in conftest.py: tests/ has a con
 its own, and two modules named conftest cannot both be imported by name.)"""
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -24,15 +25,22 @@ OTHER_EIP = "172.18.0.11"
 BACKENDS = {"b1": "10.0.1.11", "b2": "10.0.1.12", "b3": "10.0.1.13"}
 
 
-def script_in_fresh_namespace(prefix: str, script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """netns-tests/scripts/<script> run in a network namespace of its own (always deleted)."""
+@contextlib.contextmanager
+def fresh_namespace(prefix: str) -> Iterator[str]:
+    """A network namespace as `ip netns add` makes it (lo down), always deleted."""
     ns = f"{prefix}-{uuid.uuid4().hex[:6]}"
     subprocess.run(["ip", "netns", "add", ns], check=True)
     try:
-        return subprocess.run(["ip", "netns", "exec", ns, sys.executable, f"netns-tests/scripts/{script}", *args],
-                              cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        yield ns
     finally:
         subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
+def script_in_fresh_namespace(prefix: str, script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """netns-tests/scripts/<script> run in a network namespace of its own (always deleted)."""
+    with fresh_namespace(prefix) as ns:
+        return subprocess.run(["ip", "netns", "exec", ns, sys.executable, f"netns-tests/scripts/{script}", *args],
+                              cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
 def report_of(done: subprocess.CompletedProcess[str]) -> Any:

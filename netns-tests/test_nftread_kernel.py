@@ -6,15 +6,15 @@ netns-tests/scripts/nftread_kernel.py inside a namespace of its own (always dele
 times are printed, not asserted."""
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+
+from gwtest import fresh_namespace
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "netns-tests" / "scripts" / "nftread_kernel.py"
@@ -30,26 +30,16 @@ def run_in(ns: str, *args: str, timeout: float = 300) -> dict[str, Any]:
     return report
 
 
-@contextlib.contextmanager
-def namespace(prefix: str) -> Iterator[str]:
-    ns = f"{prefix}-{uuid.uuid4().hex[:6]}"
-    subprocess.run(["ip", "netns", "add", ns], check=True)
-    try:
-        yield ns
-    finally:
-        subprocess.run(["ip", "netns", "del", ns], check=False)
-
-
 @pytest.fixture
 def fresh_ns() -> Iterator[str]:
-    with namespace("ngwrd") as ns:
+    with fresh_namespace("ngwrd") as ns:
         yield ns
 
 
 @pytest.fixture(scope="module")
 def scaled_ns() -> Iterator[str]:
     """A namespace holding the agent's table for SCALE identities x 4 backends."""
-    with namespace("ngwrd10k") as ns:
+    with fresh_namespace("ngwrd10k") as ns:
         run_in(ns, "program", str(SCALE))
         yield ns
 

@@ -5,15 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import uuid
 
-from gwtest import ROOT, report_of, script_in_fresh_namespace
+from gwtest import ROOT, fresh_namespace, report_of, script_in_fresh_namespace
 
 
 def test_random_partial_syncs_keep_kernel_and_mirror_equal() -> None:
-    ns = f"ngwseq-{uuid.uuid4().hex[:6]}"
-    subprocess.run(["ip", "netns", "add", ns], check=True)
-    try:
+    with fresh_namespace("ngwseq") as ns:
         for seed in (1, 2, 3):
             out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "netns-tests/scripts/kernel_sequence.py",
                                   str(seed), "120"], cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -21,8 +18,6 @@ def test_random_partial_syncs_keep_kernel_and_mirror_equal() -> None:
             report = json.loads(out.stdout.strip().splitlines()[-1])
             assert report["partial"] == 120 and report["mismatches"] == [], report
             subprocess.run(["ip", "netns", "exec", ns, "nft", "flush", "ruleset"], check=True)
-    finally:
-        subprocess.run(["ip", "netns", "del", ns], check=False)
 
 
 def redeclare(mode: str) -> dict:

@@ -7,29 +7,23 @@ first)."""
 from __future__ import annotations
 
 import json
-import os
 import platform
 import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from gwtest import ROOT, wait_for
+from gwtest import ROOT, fresh_namespace, wait_for
 
 
 @pytest.fixture
 def fresh_ns() -> Iterator[str]:
-    name = f"ngwstop-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    try:
-        yield name
-    finally:
-        subprocess.run(["ip", "netns", "del", name], check=False)
+    with fresh_namespace("ngwstop") as ns:
+        yield ns
 
 
 def _nft(ns: str, *args: str) -> str:
