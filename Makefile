@@ -45,7 +45,7 @@ image: deps
 # namespaces). All run even if one fails; the summary names the systems that failed.
 test:
 	@failed=; \
-	$(MAKE) --no-print-directory test-here PYTEST_ARGS=$(NO_IMAGE) || failed="$$failed, this system ($$(. /etc/os-release; echo $$PRETTY_NAME))"; \
+	$(MAKE) --no-print-directory test-here PYTEST_ARGS="$(NO_IMAGE)" || failed="$$failed, this system ($$(. /etc/os-release; echo $$PRETTY_NAME))"; \
 	$(MAKE) --no-print-directory test-image || failed="$$failed, the image ($(TEST_IMAGE_NAME))"; \
 	$(MAKE) --no-print-directory test-debian13 || failed="$$failed, the Debian 13 root ($(DEBIAN13_ROOT))"; \
 	$(MAKE) --no-print-directory test-sid || failed="$$failed, the sid root ($(SID_ROOT))"; \
@@ -57,24 +57,30 @@ test:
 test-here: deps
 	$(PY) -m pytest tests netns-tests bench/test_quick.py $(PYTEST_ARGS)
 
-# The agent's image run as a gateway pod (netns-tests/test_image.py), on this host only:
-# podman runs no container inside the Debian roots. Builds localhost/natgw-agent:test
+# The agent's image run as a gateway pod (netns-tests/test_image.py) and the systemd unit
+# on a Debian host root with systemd as PID 1 (test_systemd.py), on this host only: podman
+# runs no container inside the Debian roots. Builds localhost/natgw-agent:test
 # first (about 50 s) unless NATGW_TEST_IMAGE names a built image.
-NO_IMAGE := --ignore=netns-tests/test_image.py
+NO_IMAGE := --ignore=netns-tests/test_image.py --ignore=netns-tests/test_systemd.py
 TEST_IMAGE_NAME = $(or $(NATGW_TEST_IMAGE),localhost/natgw-agent:test)
 test-image: deps
-	$(PY) -m pytest netns-tests/test_image.py
+	@missing=$$(for p in mmdebstrap podman runc; do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages: $$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+	$(PY) -m pytest netns-tests/test_image.py netns-tests/test_systemd.py
 
 # The suite in the Debian 13 root: builds the root when missing, then runs test-here there
 # with a virtualenv of its own (deps installs the Debian packages inside the root).
 test-debian13:
 	images/debian/root.sh trixie build $(DEBIAN13_ROOT)
-	images/debian/root.sh trixie run $(DEBIAN13_ROOT) $(CURDIR) -- make VENV=$(DEBIAN13_VENV) PYTEST_ARGS=$(NO_IMAGE) test-here
+	images/debian/root.sh trixie run $(DEBIAN13_ROOT) $(CURDIR) -- make VENV=$(DEBIAN13_VENV) PYTEST_ARGS="$(NO_IMAGE)" test-here
 
 # The same in the sid root (nftables 1.1.7, Python 3.14).
 test-sid:
 	images/debian/root.sh sid build $(SID_ROOT)
-	images/debian/root.sh sid run $(SID_ROOT) $(CURDIR) -- make VENV=$(SID_VENV) PYTEST_ARGS=$(NO_IMAGE) test-here
+	images/debian/root.sh sid run $(SID_ROOT) $(CURDIR) -- make VENV=$(SID_VENV) PYTEST_ARGS="$(NO_IMAGE)" test-here
 
 unit: deps
 	$(PY) -m pytest tests
