@@ -96,6 +96,9 @@ def _parser() -> argparse.ArgumentParser:
     which = health_cmd.add_mutually_exclusive_group(required=True)
     which.add_argument("--ready", action="store_true", help="the first full sync is done and nothing keeps it from serving")
     which.add_argument("--live", action="store_true", help="its loop is not wedged")
+    which.add_argument("--routable", action="store_true",
+                       help="this pod's data plane was programmed whole once (an HA replica's readiness: it stays "
+                            "ready through API outages and worker restarts)")
     health_cmd.add_argument("--state-dir", type=Path, default=Settings.state_dir, help="where its status socket is")
     health_cmd.add_argument("--timeout", type=float, default=1.0, help="seconds to wait for an answer")
     sup = sub.add_parser("supervise", help="run `natgw-agent ARGS...` and start it again at once when it dies "
@@ -134,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
             print("natgw-agent supervise: which command to run? e.g. `supervise --log-format json run`", file=sys.stderr)
             return 2
         return supervise(args.args)
+    if args.command == "health" and args.routable:
+        return status.routable(args.state_dir)
     if args.command == "health":
         return status.health(args.state_dir / "agent.sock", "ready" if args.ready else "live", args.timeout)
     if args.command == "inject":

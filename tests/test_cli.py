@@ -88,3 +88,27 @@ def test_diff_without_an_agent_or_a_private_namespace_says_so(monkeypatch, capsy
     assert main(["diff", "--gateway", "gw1", "--from-dir", str(tmp_path), "--state-dir", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert "no agent answered" in err and "Operation not permitted" in err
+
+
+def test_routable_once_this_pods_data_plane_was_programmed_whatever_comes_after(tmp_path, capsys):
+    """An HA replica's readiness: not before its first full sync; then through API outages,
+    CRD problems and worker restarts (a new Health over the same state directory), and with
+    no agent answering at all (the worker restarting); a new pod (state directory) starts over."""
+    from agent.ops.health import Health
+    from agent.ops.status import PROGRAMMED
+
+    def worker() -> Health:
+        return Health(60, 30, programmed=tmp_path / PROGRAMMED)
+
+    first = worker()
+    assert main(["health", "--routable", "--state-dir", str(tmp_path)]) == 1  # a fresh replica: no traffic yet
+    first.pending()
+    first.synced()
+    assert main(["health", "--routable", "--state-dir", str(tmp_path)]) == 0
+    first.problems.append("cannot read the CRD")  # the API blinked: ready says no ...
+    assert first.readyz()[0] is False
+    assert main(["health", "--routable", "--state-dir", str(tmp_path)]) == 0  # ... routable stays
+    second = worker()  # the worker restarted: no sync of its own yet
+    assert second.readyz()[0] is False and main(["health", "--routable", "--state-dir", str(tmp_path)]) == 0
+    assert main(["health", "--routable", "--state-dir", str(tmp_path / "new-pod")]) == 1
+    assert "no full sync in this pod yet" in capsys.readouterr().out

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from kubernetes.client import ApiClient
 
-from agent.deploy.inject import CONTAINER, GATEWAY_ANNOTATION, TOKEN_DIR, Options, patch
+from agent.deploy.inject import CONTAINER, GATEWAY_ANNOTATION, STATE_DIR, TOKEN_DIR, Options, patch
 from tests.builders import ROOT
 
 FIXTURES = Path(__file__).parent / "fixtures" / "kube-ovn"
@@ -101,18 +101,20 @@ def test_every_account_a_gateway_pod_ends_up_with_is_bound_to_the_agents_roles()
         assert {account(mutated(pod(name)))[0] for name in FORMS} <= bound, kind
 
 
-def test_readiness_asks_the_agent_only_where_it_routes_no_traffic() -> None:
+def test_readiness_routes_a_replica_once_programmed_and_asks_the_agent_where_it_routes_nothing() -> None:
     sts = mutated(pod("statefulset-pod.yaml"))["spec"]["containers"][-1]  # routed by its fixed LAN IP
     assert sts["readinessProbe"]["exec"]["command"][:3] == ["natgw-agent", "health", "--ready"]
     for name in ("deployment-pod.yaml", "deployment-bgp-pod.yaml"):
-        # HA: kube-ovn routes through Ready replicas only; an agent not ready (CRD, API, a
-        # restarting worker) must not take a serving data plane out of the routes.
+        # HA: kube-ovn routes through Ready replicas only: a fresh replica not before its
+        # first full sync, a programmed one whatever the API or a restarting worker does.
         containers = mutated(pod(name))["spec"]["containers"]
-        assert "readinessProbe" not in containers[-1] and containers[-1]["livenessProbe"]
+        probe = containers[-1]["readinessProbe"]
+        assert probe["exec"]["command"][:3] == ["natgw-agent", "health", "--routable"] and containers[-1]["livenessProbe"]
+        assert probe["exec"]["command"][-2:] == ["--state-dir", STATE_DIR]  # the pod's state volume: survives a worker
         assert containers[:-1] == pod(name)["spec"]["containers"]  # bfdd's readiness stays kube-ovn's
     orphan = pod("statefulset-pod.yaml")
     del orphan["metadata"]["ownerReferences"]  # not known to be routed by its IP: the safe side
-    assert "readinessProbe" not in mutated(orphan)["spec"]["containers"][-1]
+    assert "--routable" in mutated(orphan)["spec"]["containers"][-1]["readinessProbe"]["exec"]["command"]
 
 
 def test_other_pods_and_already_injected_ones_are_left_alone() -> None:

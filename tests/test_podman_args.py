@@ -53,9 +53,10 @@ def test_each_field_of_the_injected_container_becomes_its_podman_argument() -> N
     assert run.probes["liveness"].timeout == 2
 
 
-def test_a_pod_routed_by_readiness_gets_no_readiness_probe() -> None:
+def test_a_pod_routed_by_readiness_is_ready_once_its_data_plane_was_programmed() -> None:
     doc = gateway_pod("deployment-pod.yaml")
-    assert set(derive(*injected(doc, OPTIONS), doc).probes) == {"liveness"}
+    probes = derive(*injected(doc, OPTIONS), doc).probes
+    assert set(probes) == {"readiness", "liveness"} and "--routable" in probes["readiness"].command
 
 
 def leaves(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], Any]]:

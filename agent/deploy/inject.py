@@ -64,9 +64,13 @@ def is_gateway_pod(pod: dict[str, Any]) -> bool:
     return (pod.get("metadata") or {}).get("labels", {}).get(GATEWAY_LABEL) == "true"
 
 
-def agent_container(options: Options, readiness: bool = True) -> dict[str, Any]:
-    """`readiness`: give the container a readiness probe asking the agent (see
-    routes_by_readiness: not for a pod whose readiness decides its traffic)."""
+def agent_container(options: Options, routed: bool = False) -> dict[str, Any]:
+    """`routed`: the pod's readiness decides its traffic (routes_by_readiness). Then the
+    readiness probe asks only whether this pod's data plane was programmed whole once
+    (`health --routable`): a fresh replica takes no traffic it cannot serve, and a
+    programmed one never leaves the routes because the API blinked, the CRD check failed
+    or a worker restarted. Else it asks the agent whether it is ready (`health --ready`:
+    problems show in `kubectl get pod`, and nothing is routed by it)."""
     env = [
         {"name": "GATEWAY_NAME",
          "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{GATEWAY_ANNOTATION}']"}}},
@@ -78,8 +82,10 @@ def agent_container(options: Options, readiness: bool = True) -> dict[str, Any]:
     if options.api_port:
         env.append({"name": "KUBERNETES_SERVICE_PORT", "value": options.api_port})
     probe = {"timeoutSeconds": 2, "periodSeconds": 10}
-    ready = {"readinessProbe": {"exec": {"command": ["natgw-agent", "health", "--ready", "--state-dir", STATE_DIR]},
-                                **probe, "failureThreshold": 1}} if readiness else {}
+    # Routed: asked every 2 s, so a fresh replica joins the routes within ~2 s of its sync.
+    ready = {"readinessProbe": {"exec": {"command": ["natgw-agent", "health", "--routable" if routed else "--ready",
+                                                     "--state-dir", STATE_DIR]},
+                                **probe, **({"periodSeconds": 2} if routed else {}), "failureThreshold": 1}}
     return {
         "name": CONTAINER,
         "image": options.image,
@@ -123,7 +129,7 @@ def patch(pod: dict[str, Any], options: Options) -> list[dict[str, Any]]:
     containers = spec.get("containers") or []
     if any(c.get("name") == CONTAINER for c in containers):
         return []
-    container = agent_container(options, readiness=not routes_by_readiness(pod))
+    container = agent_container(options, routed=routes_by_readiness(pod))
     ops: list[dict[str, Any]] = [{"op": "add", "path": "/spec/containers/-", "value": container}]
     volumes = [token_volume(), {"name": STATE_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}]
     if "volumes" in spec:
@@ -139,10 +145,10 @@ def patch(pod: dict[str, Any], options: Options) -> list[dict[str, Any]]:
 def routes_by_readiness(pod: dict[str, Any]) -> bool:
     """Whether the pod's readiness decides if it carries traffic: anything but a
     StatefulSet's pod. kube-ovn routes an HA gateway (a Deployment's ReplicaSet) only
-    through its Ready replicas (getNatGwNextHops), so an agent that is not ready (CRD
-    unsupported, API unreachable, a worker restarting) must not take a healthy data
-    plane out of the routes; a StatefulSet's gateway is routed by its fixed LAN IP
-    whatever its readiness, and there a not-ready agent shows in `kubectl get pod`."""
+    through its Ready replicas (getNatGwNextHops), so its readiness must say whether its
+    data plane serves (agent_container's `routed`); a StatefulSet's gateway is routed by
+    its fixed LAN IP whatever its readiness, and there a not-ready agent shows in
+    `kubectl get pod`."""
     owners = (pod.get("metadata") or {}).get("ownerReferences") or []
     return not any(o.get("controller") and o.get("kind") == "StatefulSet" for o in owners)
 

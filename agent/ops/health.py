@@ -8,6 +8,7 @@ import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 from typing import Any, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -23,7 +24,7 @@ class Health:
     field is one reference assignment)."""
 
     def __init__(self, stale_after: float, wedged_after: float, clock: Callable[[], float] = time.monotonic,
-                 notifier: Notifier | None = None) -> None:
+                 notifier: Notifier | None = None, programmed: Path | None = None) -> None:
         self.stale_after = stale_after
         self.wedged_after = wedged_after
         self._clock = clock
@@ -35,6 +36,9 @@ class Health:
         self.problems: list[str] = []  # what keeps the agent from serving at all (said by `show`)
         self.poke: Callable[[], None] | None = None  # wakes the loop (set by it): liveness asks, no heartbeat timer
         self._beaten = threading.Event()
+        # Written at the first full sync: this pod's data plane was programmed whole once
+        # (the state directory outlives a worker, not the pod). `health --routable` reads it.
+        self.programmed = programmed
 
     def beat(self) -> None:
         self.heartbeat = self._clock()
@@ -51,6 +55,11 @@ class Health:
 
     def synced(self) -> None:
         self._notifier.ready()
+        if not self.synced_once and self.programmed is not None:
+            try:
+                self.programmed.touch()
+            except OSError:
+                pass  # `health --routable` then says not routable: the safe side
         self.synced_once = True
         self.pending_since = None
         self.last_error = None

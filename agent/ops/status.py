@@ -86,6 +86,26 @@ def agent_status(path: Path) -> dict[str, Any] | None:
         return None
 
 
+PROGRAMMED = "programmed"  # in the state directory: the first full sync of this pod is in the kernel
+
+
+def routable(state_dir: Path) -> int:
+    """`natgw-agent health --routable`, the readiness probe of a gateway whose readiness
+    decides its traffic (an HA replica: kube-ovn routes to Ready pods only). Ready once this
+    pod's data plane was programmed whole, and from then on whatever the API, the CRD check
+    or a worker restarting does: the kernel serves the last good state meanwhile, and
+    leaving the routes would only move this replica's connections elsewhere. Reads a file,
+    not the agent: it answers while the worker restarts."""
+    marker = state_dir / PROGRAMMED
+    try:
+        since = marker.stat().st_mtime
+    except OSError:
+        print(json.dumps({"ok": False, "reason": f"no full sync in this pod yet ({marker} absent)"}))
+        return 1
+    print(json.dumps({"ok": True, "programmedAt": since}))
+    return 0
+
+
 def health(path: Path, what: str, timeout: float) -> int:
     """`natgw-agent health`, an exec probe: asks the agent's status socket, never the kernel
     or the network; prints the answer, returns 0 if it says ok, else 1."""

@@ -16,7 +16,7 @@ from agent.kernel.view import KernelView
 from agent.ops.health import Health, serve
 from agent.ops.metrics import Metrics
 from agent.ops.report import Reporter
-from agent.ops.status import StatusServer
+from agent.ops.status import PROGRAMMED, StatusServer
 from agent.run.cleanup import Cleanup, FlowTable, SetReader
 from agent.run.crdcheck import CrdCheck, reader as crd_reader
 from agent.run.loop import Source, StopEvent, run_loop
@@ -93,7 +93,8 @@ def run(settings: Settings) -> int:
         from agent.sources.events import EventRecorder
 
         events = EventRecorder(api, settings.event_namespace, host=settings.gateway)
-    health = Health(settings.healthz_stale_after, settings.livez_wedged_after)
+    health = Health(settings.healthz_stale_after, settings.livez_wedged_after,
+                    programmed=settings.state_dir / PROGRAMMED)
     metrics = Metrics()
     # Counters through a read-only view of their own (its own socket: another thread).
     metrics.serve_backend_counters(KernelView(FAMILY, settings.table, subscribe=False).counters)
