@@ -25,6 +25,11 @@ OTHER_EIP = "172.18.0.11"
 BACKENDS = {"b1": "10.0.1.11", "b2": "10.0.1.12", "b3": "10.0.1.13"}
 
 
+def log_entries(path: Path) -> list[dict[str, Any]]:
+    """An agent's JSON log lines, parsed (anything else in the file left out)."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
+
+
 @contextlib.contextmanager
 def fresh_namespace(prefix: str) -> Iterator[str]:
     """A network namespace as `ip netns add` makes it (lo down), always deleted."""
@@ -89,8 +94,7 @@ class Agent:
         return rc
 
     def logs(self) -> list[dict[str, Any]]:
-        lines = self.log_path.read_text().splitlines()
-        return [json.loads(line) for line in lines if line.startswith("{")]
+        return log_entries(self.log_path)
 
     def nft(self, *args: str) -> str:
         return self.lab.run_in(self.lab.gw_ns, ["nft", *args], capture_output=True, text=True, check=True).stdout

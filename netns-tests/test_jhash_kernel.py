@@ -17,12 +17,12 @@ import os
 import random
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
+from gwtest import fresh_namespace
 from tests.consistent import SEED, SIZE, bucket
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,17 +80,13 @@ def ns_run(ns: str, *argv: str, stdin: str | None = None) -> str:
 
 @contextlib.contextmanager
 def namespace() -> Iterator[str]:
-    ns = f"ngwjh-{uuid.uuid4().hex[:6]}"
-    subprocess.run(["ip", "netns", "add", ns], check=True)
-    try:
+    with fresh_namespace("ngwjh") as ns:
         for cmd in (["link", "set", "lo", "up"], ["link", "add", "jh0", "type", "veth", "peer", "name", "jh1"],
                     ["addr", "add", "10.99.0.1/24", "dev", "jh0"], ["link", "set", "jh0", "up"],
                     ["link", "set", "jh1", "up"],
                     ["neigh", "add", TARGET, "lladdr", "02:00:00:00:00:02", "dev", "jh0"]):
             subprocess.run(["ip", "-n", ns, *cmd], check=True)
         yield ns
-    finally:
-        subprocess.run(["ip", "netns", "del", ns], check=False)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ stopper's grace period ended in SIGKILL (systemd, the kubelet and podman all sen
 first)."""
 from __future__ import annotations
 
-import json
 import platform
 import signal
 import subprocess
@@ -17,7 +16,7 @@ from typing import Iterator
 
 import pytest
 
-from gwtest import ROOT, fresh_namespace, wait_for
+from gwtest import ROOT, fresh_namespace, log_entries, wait_for
 
 
 @pytest.fixture
@@ -33,10 +32,8 @@ def _nft(ns: str, *args: str) -> str:
 def _events(log: Path) -> dict[str, dict]:
     """The first log entry of each event."""
     found: dict[str, dict] = {}
-    for line in log.read_text().splitlines():
-        if line.startswith("{"):
-            entry = json.loads(line)
-            found.setdefault(entry.get("event", ""), entry)
+    for entry in log_entries(log):
+        found.setdefault(entry.get("event", ""), entry)
     return found
 
 
