@@ -105,6 +105,7 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Type", "application/json")
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
+            watcher.answered = True
             now = time.monotonic()
             deadline = now + timeout if timeout > 0 else None  # then a clean end, like the API server
             interval = fake.bookmark_interval if watcher.bookmarks else None

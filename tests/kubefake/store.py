@@ -43,6 +43,9 @@ class Watcher:
         self.rtype = rtype
         self.bookmarks = bookmarks
         self.queue: queue.Queue[Item] = queue.Queue()
+        # Its response headers are out (set by the handler): from then on a cut is a stream
+        # cut short; before, a failed request, which the client's urllib3 retries.
+        self.answered = False
 
 
 def _key(rtype: ResourceType, name: str, namespace: str | None) -> str:
