@@ -23,7 +23,7 @@ from typing import Iterator
 import pytest
 
 from gwtest import fresh_namespace
-from tests.consistent import SEED, SIZE, bucket
+from agent.core.consistent import SEED, SIZE, bucket
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "jhash-kernel.json"

@@ -1,4 +1,4 @@
-"""The consistent choice (tests/consistent.py, agent/core/ once the agent uses it): the jhash model against vectors it
+"""The consistent choice (agent/core/consistent.py): the jhash model against vectors it
 does not compute itself (lookup3's published self-test, and values the kernel computed:
 tests/fixtures/jhash-kernel.json, re-checked against the kernel by
 netns-tests/test_jhash_kernel.py); the table's independence from order and history;
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.consistent import (SEED, SIZE, NoBackends, address_bytes, bucket, choose, jhash, lookup,
+from agent.core.consistent import (SEED, SIZE, NoBackends, address_bytes, bucket, choose, jhash, lookup,
                                    reciprocal_scale, table)
 from agent.core.model import Backend
 

@@ -1,8 +1,5 @@
-"""The consistent choice of a backend for a client (issue 21). Pure: no I/O.
-
-Kept here, in tests/, until the agent uses it (nothing in agent/ may exist for tests only):
-the model is checked against the kernel already (netns-tests/test_jhash_kernel.py), and
-moves to agent/core/ with the table layout that programs it.
+"""The consistent choice of a backend for a client (issue 21). Pure: no I/O. The model
+is checked against the kernel by netns-tests/test_jhash_kernel.py.
 
 Every gateway replica must send a client with no pin to the same backend, whatever its
 history. The kernel picks a bucket, the agent says which backend each bucket holds:
