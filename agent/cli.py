@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from agent import log as logsetup
+from agent.core.consistent import address_bytes
 from agent.deploy import webhook
 from agent.deploy.inject import GATEWAY_ANNOTATION, Options as InjectOptions
 from agent.deploy.supervise import supervise
@@ -39,6 +40,14 @@ def _mark(value: str) -> int:
     if not 0 < mark <= 0xFFFFFFFF:
         raise argparse.ArgumentTypeError(f"{value!r}: a mark is 1 to 0xffffffff")
     return mark
+
+
+def _client_address(value: str) -> str:
+    try:
+        address_bytes(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: not an IPv4 address (e.g. 198.51.100.7)") from None
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -88,6 +97,9 @@ def _parser() -> argparse.ArgumentParser:
     show_cmd.add_argument("--state-dir", type=Path, default=Settings.state_dir,
                           help="where the running agent's status socket is (its capabilities and problems)")
     show_cmd.add_argument("--identity", help="only this identity, as EIP:PORT/PROTO (e.g. 172.18.0.10:80/tcp)")
+    show_cmd.add_argument("--client", type=_client_address, metavar="ADDRESS",
+                          help="also say which backend a new connection from this client address would reach, "
+                               "and whether it is pinned")
     show_cmd.add_argument("--memory", action="store_true",
                           help="the running agent's memory instead: resident, peak, malloc's heap, and Python's objects "
                                "by file when it runs with PYTHONTRACEMALLOC=1 (JSON)")
@@ -149,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "show" and args.memory:
         return show.show_memory(args.state_dir / "agent.sock")
     if args.command == "show":
-        return show.show(args.table, args.identity, args.json, args.state_dir / "agent.sock")
+        return show.show(args.table, args.identity, args.json, args.state_dir / "agent.sock", args.client)
     if args.command == "cleanup":
         return oneshot.cleanup(args.table)
     if not args.gateway:

@@ -292,6 +292,8 @@ class FakeNft:
                 del body["map"]  # 1.0.6 silently makes a plain set of it (measured)
             else:
                 body["map"] = " . ".join(body["map"])  # a map; the canonical form, as the view gives it
+        if "integer" in body.get("type", ()) and self.version < "1.1.0":
+            raise Refused("Error: Invalid map type")  # 1.0.6 cannot declare it in JSON (REFERENCE.md 9)
         if "dynamic" in body.get("flags", []) and self.version < "1.0.9":
             raise Refused("Error: Invalid set flag")  # nft 1.0.6's JSON parser
         decl = {k: copy.deepcopy(body[k]) for k in _SET_FIELDS if k in body}
@@ -341,14 +343,19 @@ class FakeNft:
 
     _TEXT_TABLE = re.compile(r"add table (\w+) (\w+)")
     _TEXT_MAP = re.compile(r"add map (\w+) (\w+) (\w+) \{ type ([\w .]+) : ([\w .]+);( counter;)? \}")
+    _TEXT_TYPEOF = re.compile(r"add map (\w+) (\w+) (\w+) \{ typeof ip daddr \. meta l4proto \. th dport \. "
+                              r"numgen random mod \d+ : (verdict); \}")
 
     def _text(self, tables: dict[tuple[str, str], _Table], line: str) -> None:
         if m := self._TEXT_TABLE.fullmatch(line):
             self._add_table(tables, {"family": m[1], "name": m[2]})
-        elif m := self._TEXT_MAP.fullmatch(line):
+        elif m := self._TEXT_MAP.fullmatch(line) or self._TEXT_TYPEOF.fullmatch(line):
             table = self._table(tables, {"family": m[1], "table": m[2]})
-            decl: dict[str, Any] = {"type": m[4].split(" . "), "map": m[5]}  # listed as a string, like 1.0.6
-            if m[6]:
+            if m.re is self._TEXT_TYPEOF:  # the types the kernel records for that typeof
+                decl: dict[str, Any] = {"type": ["ipv4_addr", "inet_proto", "inet_service", "integer"], "map": m[4]}
+            else:
+                decl = {"type": m[4].split(" . "), "map": m[5]}  # listed as a string, like 1.0.6
+            if m.re is self._TEXT_MAP and m[6]:
                 decl["stmt"] = [{"counter": None}]
             existing = table.sets.get(m[3])
             if existing is None:
@@ -460,6 +467,11 @@ def _parse_key(raw: Any) -> tuple[ElemKey, str | None, int | None]:
 
 
 def _value(expr: dict[str, Any], fields: dict[str, Any]) -> Any:
+    if "jhash" in expr:  # the kernel's hash, as the agent's model computes it (checked against the kernel)
+        from agent.core.consistent import bucket
+
+        h = expr["jhash"]
+        return bucket(_value(h["expr"], fields), h["mod"], h["seed"], h.get("offset", 0))
     if "concat" in expr:
         return tuple(_value(e, fields) for e in expr["concat"])
     if "payload" in expr:

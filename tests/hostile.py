@@ -19,6 +19,7 @@ from agent.core.desired import DesiredState, ListCatalog
 from agent.errors import RuleError
 from agent.core.layout import BACKEND_DATA
 from agent.core.model import EIP_KIND, RULE_KIND, Rule
+from agent.core.consistent import SIZE
 from agent.core.plan import document, plan
 from tests.oracles import render
 from agent.core.ruleset import EMPTY
@@ -156,12 +157,18 @@ def check_commands(commands: list[dict[str, Any]], accepted: set[str]) -> None:
                 key, value = item if verb == "add" else (item, None)
                 if isinstance(key, dict) and "elem" in key:
                     key = key["elem"]["val"]
-                eip_addr, proto, port = key["concat"]
+                name = element["name"]
+                parts = key["concat"]
+                if name == "chash":  # identity . bucket -> the sticky chain of a slot
+                    *parts, bucket = parts
+                    assert type(bucket) is int and 0 <= bucket < SIZE, key
+                eip_addr, proto, port = parts
                 assert valid_ipv4(eip_addr) and proto in ("tcp", "udp") and valid_port(port), key
                 if verb != "add":
                     continue
-                name = element["name"]
-                if name.startswith("backend_"):
+                if name == "chash":
+                    assert re.fullmatch(r"sticky_[0-9]+_t[0-9]+", value["goto"]["target"]), value
+                elif name.startswith("backend_"):
                     address, backend_port = value["concat"]
                     assert valid_ipv4(address) and valid_port(backend_port), (name, value)
                 else:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from agent.core.desired import DesiredState, ListCatalog, Service, service_of
-from agent.core.layout import affinity_slot
+from agent.core.layout import affinity_slot, in_render_form
 from agent.core.model import _SPEC, _STATUS, EIP_KIND, MISSING, RULE_KIND, Identity, Manifest, Rule, eip_of, \
     index_objects, manifest, rule_of
 from agent.core.render import Hairpin, render_all
@@ -117,7 +117,9 @@ def from_listing(listing: Mapping[str, Any]) -> Ruleset:
             if "comment" in body:
                 rule["comment"] = body["comment"]
             rules.setdefault(body["chain"], []).append(rule)
-    return Ruleset(sets=sets, chains=chains, rules={c: tuple(r) for c, r in rules.items()}, elements=elements)
+    # the agent's bucketed map folded as the agent reads it back (agent/kernel/view.py)
+    return in_render_form(Ruleset(sets=sets, chains=chains, rules={c: tuple(r) for c, r in rules.items()},
+                                  elements=elements))
 
 
 def _parse_elem(item: Any) -> tuple[ElemKey, Elem]:

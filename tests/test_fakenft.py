@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from agent.core.layout import identity_key
-from agent.core.model import Identity
+from agent.core.consistent import choose
+from agent.core.model import Backend, Identity
 from agent.kernel.nft import Nft
 from agent.core.plan import plan
 from tests.builders import rendered, web_objects
@@ -52,8 +53,20 @@ def test_trace_follows_the_rendered_table_to_each_backend_and_pins_clientip() ->
     assert web == [("10.0.1.11", 8080), ("10.0.1.12", 8080), ("10.0.1.13", 8080)]
     assert fake.trace("198.51.100.7", "172.18.0.10", "tcp", 81) is None  # no identity: not NATed
     assert fake.trace("198.51.100.7", "172.18.0.10", "udp", 53) == ("10.0.1.12", 5353)
-    first = fake.trace("198.51.100.8", "172.18.0.10", "tcp", 443, pick=lambda mod: 1)
-    assert first == ("10.0.1.12", 9090)
-    assert fake.entries("natgw", "aff_1") == {("198.51.100.8", *identity_key(Identity("172.18.0.10", 443, "tcp")))}
-    again = fake.trace("198.51.100.8", "172.18.0.10", "tcp", 443, pick=lambda mod: 0)
-    assert again == first  # pinned: numgen is not consulted for a known client
+    # ClientIP: a new client's backend is the consistent choice (numgen is not consulted),
+    # then its pin keeps it there.
+    app = [Backend("10.0.1.11", 9090), Backend("10.0.1.12", 9090)]
+    clients = [f"198.51.100.{i}" for i in range(8, 40)]
+    expected = {c: choose(app, c) for c in clients}
+    assert len(set(expected.values())) == 2  # the clients reach every backend: the check below can fail
+    for i, client in enumerate(clients):
+        first = fake.trace(client, "172.18.0.10", "tcp", 443, pick=lambda mod, i=i: i % mod)
+        assert first == (expected[client].ip, expected[client].port), client
+    chosen = choose(app, "198.51.100.8")
+    slot = app.index(chosen)  # the backends hold slots 0 and 1 in order
+    assert ("198.51.100.8", *identity_key(Identity("172.18.0.10", 443, "tcp"))) in fake.entries("natgw", f"aff_{slot}")
+    fake.tables[("ip", "natgw")].sets["chash"].elems.clear()  # so only the pin can keep it
+    again = fake.trace("198.51.100.8", "172.18.0.10", "tcp", 443, pick=lambda mod: (slot + 1) % mod)
+    assert again == (chosen.ip, chosen.port)  # pinned
+    other = fake.trace("198.51.100.200", "172.18.0.10", "tcp", 443, pick=lambda mod: (slot + 1) % mod)
+    assert other == (app[(slot + 1) % 2].ip, app[(slot + 1) % 2].port)  # no buckets: numgen, the fallback

@@ -16,10 +16,18 @@ Each backend of an identity holds one *slot* for its whole life, so its map elem
 its clients' affinity entries stay put while other backends come and go. ClientIP:
 
     aff_t<T>_<slots>  ip saddr . <identity> @aff_<s> goto sticky_<s>_t<T>   (one per slot)
+                      <identity> . jhash ip saddr mod 61 seed S vmap @chash
                       numgen random mod N vmap { i : goto sticky_<s_i>_t<T> }
+    map chash         identity . bucket -> goto sticky_<s>_t<T>
     sticky_<s>_t<T>   update @aff_<s> { ip saddr . <identity> timeout T }  (slides per connection)
                       goto slot_<s>
     set aff_<s>       client . identity, flags timeout: the clients pinned to slot s
+
+A client with no pin takes the bucket its address hashes to, and `chash` holds, per
+identity, the backend of each bucket: agent/core/consistent.py's table, a function of the
+backends alone, so every replica of a gateway makes the same first choice whatever its
+slots or history (issue 21). The numgen rule after it serves only while an identity's
+buckets are not (yet) in the kernel: a missing element falls through to it.
 
 One `address . port` map per slot, not one map for each: elements are what a full sync
 pays for (libnftables spends ~10 us on each), and this nearly halves them (10,000
@@ -31,10 +39,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
-from typing import Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from agent.core.model import Backend, Identity
-from agent.core.ruleset import Elem, ElemKey, Ruleset
+from agent.core.ruleset import Buckets, Elem, ElemKey, Ruleset
 
 SERVICES = "services"
 BASE_CHAIN = "prerouting"
@@ -43,6 +51,14 @@ IDENTITY_TYPE = ["ipv4_addr", "inet_proto", "inet_service"]
 # The backend maps' data type exactly as nft 1.0.6 lists it: a string, which its JSON
 # parser does not take back (the planner has such maps declared in nft text).
 BACKEND_DATA = "ipv4_addr . inet_service"
+CHASH = "chash"
+# Its key: the identity, then the bucket (declared `typeof ... numgen ...`: nft has no
+# `type` name for a 32-bit integer, and a `typeof` naming jhash loads but makes `nft list
+# ruleset` segfault, 1.0.6 and 1.1.3, seen here; so the planner declares it in nft text).
+CHASH_TYPE = [*IDENTITY_TYPE, "integer"]
+# Bucket numbers read back at or beyond this are not the agent's (it writes < consistent.SIZE):
+# left out of the fold, so no stray key can make it build a list of 4 billion entries.
+_BUCKET_LIMIT = 4096
 
 _PATTERN_RE = re.compile(r"^(?:lb|aff_t(?P<timeout>\d+))_(?:n\d+|s[\d.]+|h[0-9a-f]+)$")
 
@@ -65,6 +81,15 @@ def slot_chain(slot: int) -> str:
 
 def sticky_chain(slot: int, timeout: int) -> str:
     return f"sticky_{slot}_t{timeout}"
+
+
+_STICKY_RE = re.compile(r"^sticky_(\d+)_t\d+$")
+
+
+def sticky_slot(chain: str) -> int | None:
+    """The slot a sticky chain's name names; None for any other chain."""
+    m = _STICKY_RE.match(chain)
+    return int(m[1]) if m else None
 
 
 @functools.lru_cache(maxsize=4096)
@@ -126,6 +151,32 @@ def backend_of(elem: Elem) -> Backend | None:
     if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str) and isinstance(value[1], int):
         return Backend(value[0], value[1])
     return None
+
+
+def fold_buckets(elements: Mapping[ElemKey, Elem]) -> dict[ElemKey, Buckets]:
+    """The chash map's kernel elements (identity . bucket -> verdict) as one Buckets per
+    identity, the form render.py writes."""
+    grouped: dict[ElemKey, list[Any]] = {}
+    for key, elem in elements.items():
+        if len(key) != 4 or type(key[3]) is not int or not 0 <= key[3] < _BUCKET_LIMIT:
+            continue
+        verdicts = grouped.setdefault(key[:3], [])
+        if key[3] >= len(verdicts):
+            verdicts.extend([None] * (key[3] + 1 - len(verdicts)))
+        verdicts[key[3]] = elem.value
+    return {identity: Buckets(verdicts) for identity, verdicts in grouped.items()}
+
+
+def folded(name: str, elements: dict[ElemKey, Elem]) -> dict[ElemKey, Any]:
+    """A map's elements as read back, in render.py's form (the chash map's folded)."""
+    return fold_buckets(elements) if name == CHASH else elements
+
+
+def in_render_form(rs: Ruleset) -> Ruleset:
+    """A table as read back (one kernel element per bucket), with the chash map folded."""
+    if CHASH not in rs.elements:
+        return rs
+    return Ruleset(rs.sets, rs.chains, rs.rules, {**rs.elements, CHASH: fold_buckets(rs.elements[CHASH])})
 
 
 def slots_of(ruleset: Ruleset) -> Slots:

@@ -14,11 +14,12 @@ from types import MappingProxyType
 from typing import Any, Collection, Mapping, NamedTuple
 
 from agent.core.desired import Service
-from agent.core.layout import (BACKEND_DATA, BASE_CHAIN, HAIRPIN_CHAIN, IDENTITY_TYPE, SERVICES, Slots, affinity_set,
-                          backend_map, held_slots, identity_key, pattern_chain, slot_chain, slots_of,
-                          sticky_chain)
+from agent.core import consistent
+from agent.core.layout import (BACKEND_DATA, BASE_CHAIN, CHASH, CHASH_TYPE, HAIRPIN_CHAIN, IDENTITY_TYPE, SERVICES, Slots,
+                               affinity_set, backend_map, held_slots, identity_key, pattern_chain, slot_chain, slots_of,
+                               sticky_chain)
 from agent.core.model import Backend, Identity
-from agent.core.ruleset import EMPTY, Elem, ElemKey, Ruleset, goto, truncate_comment
+from agent.core.ruleset import EMPTY, Buckets, Elem, ElemKey, Ruleset, goto, truncate_comment
 from agent.settings import Settings
 
 _DADDR = {"payload": {"protocol": "ip", "field": "daddr"}}
@@ -175,14 +176,24 @@ def render_service(service: Service, held: Mapping[Backend, int], affinity_set_s
     timeout = service.timeout if service.affinity else None
     target = pattern_chain(order, timeout)
     by_slot = sorted(held.items(), key=lambda item: item[1])
-    elems = (Elem(goto(target), truncate_comment(service.rule_names)), *(b for b, _ in by_slot))  # a Backend is its own element
-    return Pieces(key, _names(order), elems, _shared(order, timeout, affinity_set_size, hairpin))
+    elems: tuple[Any, ...] = (Elem(goto(target), truncate_comment(service.rule_names)),
+                              *(b for b, _ in by_slot))  # a Backend is its own element
+    if timeout is not None:
+        elems = (*elems, buckets(service.backends, held, timeout))
+    return Pieces(key, _names(order, timeout is not None), elems, _shared(order, timeout, affinity_set_size, hairpin))
+
+
+def buckets(backends: Collection[Backend], held: Mapping[Backend, int], timeout: int) -> Buckets:
+    """A ClientIP identity's element in the chash map: for each bucket, the sticky chain of
+    the slot its backend (consistent.table's) holds here. The table is the same on every
+    replica; the slots may differ, and the chains they name lead to the same backends."""
+    return Buckets(goto(sticky_chain(held[b], timeout)) for b in consistent.table(backends))
 
 
 @functools.lru_cache(maxsize=4096)
-def _names(order: tuple[int, ...]) -> tuple[str, ...]:
+def _names(order: tuple[int, ...], affinity: bool) -> tuple[str, ...]:
     """The maps an identity with backends in these slots has elements in."""
-    return (SERVICES, *(backend_map(slot) for slot in order))
+    return (SERVICES, *(backend_map(slot) for slot in order), *((CHASH,) if affinity else ()))
 
 
 class Renderer:
@@ -277,11 +288,16 @@ def _shared(order: tuple[int, ...], timeout: int | None, size: int, hairpin: Hai
     """Everything an identity with backends in these slots needs declared (read-only: one
     mapping serves every identity of the pattern)."""
     shared = {pattern_chain(order, timeout): _pattern(order, timeout)}
+    if timeout is not None:
+        shared[CHASH] = _CHASH_MAP
     for slot in order:
         shared.update(_slot(slot, hairpin))
         if timeout is not None:
             shared.update(_sticky(slot, timeout, size))
     return MappingProxyType(shared)
+
+
+_CHASH_MAP = Shared("set", {"type": CHASH_TYPE, "map": "verdict"})
 
 
 @functools.lru_cache(maxsize=4096)
@@ -294,7 +310,12 @@ def _pattern(order: tuple[int, ...], timeout: int | None) -> Shared:
               {"goto": {"target": sticky_chain(s, timeout)}})
         for s in order
     ]
-    return Shared("chain", {}, (*checks, _rule(_numgen_vmap([sticky_chain(s, timeout) for s in order]))))
+    return Shared("chain", {}, (*checks, _CONSISTENT, _rule(_numgen_vmap([sticky_chain(s, timeout) for s in order]))))
+
+
+# A client with no pin: the bucket of its address, then the identity's bucket in chash.
+_CONSISTENT = _rule({"vmap": {"key": {"concat": [*_IDENTITY, {"jhash": {
+    "mod": consistent.SIZE, "seed": consistent.SEED, "expr": _SADDR}}]}, "data": f"@{CHASH}"}})
 
 
 @functools.lru_cache(maxsize=4096)

@@ -41,6 +41,23 @@ class Data(tuple):  # type: ignore[type-arg]
         return None
 
 
+class Buckets(tuple):  # type: ignore[type-arg]
+    """One identity's buckets in a bucketed map (layout.CHASH): entry b is the verdict of
+    its key `identity . b` (None: the kernel holds no element for b). Its own element, like
+    Data, so that one identity's 61 kernel elements compare, plan and chunk as one: the
+    planner writes only the buckets that differ (plan.bucket_entries)."""
+
+    __slots__ = ()
+
+    @property
+    def value(self) -> Buckets:
+        return self
+
+    @property
+    def comment(self) -> None:
+        return None
+
+
 def element(value: Any, comment: str | None = None) -> Any:
     """The element of this data and comment, in its one form (see Elem)."""
     if comment is None and isinstance(value, tuple):
@@ -65,6 +82,13 @@ def concat_data(decl: Mapping[str, Any]) -> bool:
     """A map whose data is a concatenation (nft 1.0.6 lists its type as "a . b"): its JSON
     parser cannot declare one, so the planner has it declared in text."""
     return " . " in str(decl.get("map", ""))
+
+
+def typeof_key(decl: Mapping[str, Any]) -> bool:
+    """A map whose key has a part only `typeof` can declare (a 32-bit integer: the chash
+    map's bucket): nft text only, on every version (layout.py says why)."""
+    key = decl.get("type")
+    return isinstance(key, list) and "integer" in key
 
 
 def key_json(key: ElemKey) -> Any:

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+from agent.core.layout import in_render_form
 from agent.core.ruleset import Elem, ElemKey, Ruleset, element
 from agent.kernel import nfnetlink as nl
 from agent.kernel.nfnetlink import MalformedError, Message, NetlinkError, NfSocket, Subscriber
@@ -56,7 +57,8 @@ class TableState:
     interrupted: bool = field(default=False, compare=False)  # the kept pass saw NLM_F_DUMP_INTR
 
     def ruleset(self) -> Ruleset:
-        return Ruleset(sets=self.sets, chains=self.chains, rules=self.rules, elements=self.elements)
+        """The table in render.py's form (`elements` holds one entry per kernel element)."""
+        return in_render_form(Ruleset(sets=self.sets, chains=self.chains, rules=self.rules, elements=self.elements))
 
 
 class TableChanged(NetlinkError):

@@ -32,7 +32,8 @@ from agent.kernel.nftuapi import (
     NFTA_IMMEDIATE_DATA, NFTA_IMMEDIATE_DREG, NFTA_LOOKUP_DREG, NFTA_LOOKUP_FLAGS, NFTA_LOOKUP_SET,
     NFTA_LOOKUP_SREG, NFTA_META_DREG, NFTA_META_KEY, NFTA_META_SREG, NFTA_NAT_FAMILY, NFTA_NAT_FLAGS,
     NFTA_NAT_REG_ADDR_MAX, NFTA_NAT_REG_ADDR_MIN, NFTA_NAT_REG_PROTO_MAX, NFTA_NAT_REG_PROTO_MIN, NFTA_NAT_TYPE,
-    NFTA_NG_DREG, NFTA_NG_MODULUS, NFTA_NG_OFFSET, NFTA_NG_TYPE, NFTA_PAYLOAD_BASE, NFTA_PAYLOAD_DREG,
+    NFTA_HASH_DREG, NFTA_HASH_LEN, NFTA_HASH_MODULUS, NFTA_HASH_OFFSET, NFTA_HASH_SEED, NFTA_HASH_SET_ID,
+    NFTA_HASH_SET_NAME, NFTA_HASH_SREG, NFTA_HASH_TYPE, NFT_HASH_JENKINS, NFTA_NG_DREG, NFTA_NG_MODULUS, NFTA_NG_OFFSET, NFTA_NG_TYPE, NFTA_PAYLOAD_BASE, NFTA_PAYLOAD_DREG,
     NFTA_PAYLOAD_LEN, NFTA_PAYLOAD_OFFSET, NFTA_PAYLOAD_SREG, NFTA_RULE_EXPRESSIONS, NFTA_RULE_USERDATA,
     NFTNL_UDATA_RULE_COMMENT)
 
@@ -50,7 +51,7 @@ class _Operand:
         self.json = json
         self.length = length
         self.types = types  # datatype ids of the value
-        self.kind = kind  # "load", "numgen", "map", "imm"
+        self.kind = kind  # "load", "numgen", "hash", "map", "imm"
         self.used = False
         self.extra = extra  # for "imm": the raw bytes
 
@@ -242,6 +243,24 @@ class _Rule:
             {"numgen": {"mode": mode, "mod": nl.get_be32(a[NFTA_NG_MODULUS]), "offset": offset}}, 4,
             (TYPE_INTEGER,), "numgen"))
 
+    def hash(self, a: Attrs) -> None:
+        """`jhash <expr> mod M [seed S] [offset O]` (symhash and the obsolete set forms are
+        left opaque). The seed is listed only when the rule gave one: without it the kernel
+        drew its own, which it does not dump."""
+        kind = nl.get_be32(a[NFTA_HASH_TYPE]) if NFTA_HASH_TYPE in a else NFT_HASH_JENKINS
+        if kind != NFT_HASH_JENKINS or NFTA_HASH_SET_NAME in a or NFTA_HASH_SET_ID in a:
+            raise _Opaque(f"hash type {kind}")
+        parts = self.take(nl.get_be32(a[NFTA_HASH_SREG]), nl.get_be32(a[NFTA_HASH_LEN]))
+        if len(parts) != 1 or parts[0].kind != "load":
+            raise _Opaque("hash of a composite value")
+        body: dict[str, Any] = {"mod": nl.get_be32(a[NFTA_HASH_MODULUS])}
+        if NFTA_HASH_SEED in a:
+            body["seed"] = nl.get_be32(a[NFTA_HASH_SEED])
+        if offset := nl.get_be32(a[NFTA_HASH_OFFSET]) if NFTA_HASH_OFFSET in a else 0:
+            body["offset"] = offset
+        body["expr"] = parts[0].json
+        self.load(nl.get_be32(a[NFTA_HASH_DREG]), _Operand({"jhash": body}, 4, (TYPE_INTEGER,), "hash"))
+
     def immediate(self, a: Attrs) -> None:
         dreg = nl.get_be32(a[NFTA_IMMEDIATE_DREG])
         data = nl.attrs(a[NFTA_IMMEDIATE_DATA])
@@ -376,7 +395,7 @@ class _Rule:
 # Each expression the decompiler knows (its NFTA_EXPR_NAME) -> its handler; any other makes the rule opaque.
 _EXPRESSIONS: dict[str, Callable[[_Rule, Attrs], None]] = {
     "payload": _Rule.payload, "meta": _Rule.meta, "bitwise": _Rule.bitwise, "ct": _Rule.ct,
-    "numgen": _Rule.numgen, "immediate": _Rule.immediate, "cmp": _Rule.cmp, "lookup": _Rule.lookup,
+    "numgen": _Rule.numgen, "hash": _Rule.hash, "immediate": _Rule.immediate, "cmp": _Rule.cmp, "lookup": _Rule.lookup,
     "nat": _Rule.nat, "dynset": _Rule.dynset, "counter": _Rule.counter,
 }
 

@@ -25,7 +25,7 @@ import structlog
 from agent.kernel import nfnetlink as nl
 from agent.kernel import nftread as nr
 from agent.kernel import nftuapi as uapi
-from agent.core.layout import Counters, affinity_slot, backend_counters, backend_slot
+from agent.core.layout import Counters, affinity_slot, backend_counters, backend_slot, folded
 from agent.core.ruleset import Elem, ElemKey, Ruleset, element
 
 log = structlog.get_logger()
@@ -242,7 +242,7 @@ class KernelView:
 
     def _elements(self, name: str) -> dict[ElemKey, Elem] | None:
         found = nr.read_set(self.family, self.table, name, sock=self._sock)
-        return None if found is None else {e.key: element(e.value, e.comment) for e in found}
+        return None if found is None else folded(name, {e.key: element(e.value, e.comment) for e in found})
 
     def declaration(self, name: str) -> dict[str, Any] | None:
         """One set's declaration as the kernel holds it (None: no such set)."""

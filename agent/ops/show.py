@@ -9,16 +9,19 @@ from typing import Any
 
 from agent.kernel.nfnetlink import NetlinkError
 from agent.kernel.view import KernelView
-from agent.core.layout import backend_counters, goto_target, parse_target, pinned_clients, served, slots_of
-from agent.core.model import Backend
+from agent.core.consistent import bucket, choose
+from agent.core.layout import (CHASH, affinity_set, backend_counters, goto_target, identity_key, parse_target,
+                               pinned_clients, served, slots_of, sticky_slot)
+from agent.core.model import Backend, Identity
+from agent.core.ruleset import Elem, ElemKey
 from agent.ops.status import agent_status, query
 
 
-def show(table: str, only: str | None, as_json: bool, sock: Path) -> int:
+def show(table: str, only: str | None, as_json: bool, sock: Path, client: str | None = None) -> int:
     """`natgw-agent show`: the kernel's table read back, with the running agent's status
     (asked at `sock`) when one answers."""
     try:
-        found = inspect(KernelView("ip", table, subscribe=False), only)
+        found = inspect(KernelView("ip", table, subscribe=False), only, client)
     except (NetlinkError, OSError) as err:
         print(f"natgw-agent: cannot read the table: {err}", file=sys.stderr)
         return 1
@@ -36,10 +39,11 @@ def show_memory(sock: Path) -> int:
     return 0
 
 
-def inspect(view: KernelView, only: str | None = None) -> list[dict[str, Any]] | None:
+def inspect(view: KernelView, only: str | None = None, client: str | None = None) -> list[dict[str, Any]] | None:
     """Every identity the kernel serves (or the one named `only`, as EIP:PORT/PROTO), with
     its backends, their slots, counters and pinned clients; None if there is no table.
-    One read of the table over netlink (elements, counters and affinity entries)."""
+    With `client` (an address), where that client's next connection would go. One read of
+    the table over netlink (elements, counters and affinity entries)."""
     state = view.read_state()
     if state is None:
         return None
@@ -68,7 +72,35 @@ def inspect(view: KernelView, only: str | None = None) -> list[dict[str, Any]] |
                 for backend, slot in sorted(held.items(), key=lambda kv: kv[1])
             ],
         })
+        if client is not None:
+            found[-1]["client"] = reach(client, identity, parsed is not None and parsed[0], held,
+                                        ruleset.elements.get(CHASH, {}).get(identity_key(identity)), state.entries)
     return found
+
+
+def reach(client: str, identity: Identity, affinity: bool, held: dict[Backend, int], buckets: Any,
+          entries: dict[str, list[tuple[ElemKey, int | None]]]) -> dict[str, Any]:
+    """Where a new connection from `client` to this identity goes, as the kernel holds it:
+    its pin if it has one, else the backend of its bucket in the chash map. `expected` is
+    the consistent choice every replica computes from the backends alone (consistent.py):
+    a replica whose table says otherwise is out of step."""
+    answer: dict[str, Any] = {"address": client, "backend": None, "pinned": False}
+    if not affinity:
+        return {**answer, "how": "random per connection (no session affinity)"}
+    by_slot = {slot: backend for backend, slot in held.items()}
+    key = (client, *identity_key(identity))
+    for slot, backend in sorted(by_slot.items()):
+        for entry, expires_ms in entries.get(affinity_set(slot), ()):
+            if entry == key:
+                return {**answer, "backend": str(backend), "pinned": True, "expires_s": (expires_ms or 0) // 1000,
+                        "how": f"pinned to slot {slot}"}
+    expected = str(choose(held, client)) if held else None
+    b = bucket(client)
+    verdict = buckets[b] if isinstance(buckets, tuple) and b < len(buckets) else None
+    slot = sticky_slot(goto_target(Elem(verdict))) if isinstance(verdict, dict) else None
+    backend = by_slot.get(slot) if slot is not None else None
+    how = f"bucket {b} of the consistent table" if backend else f"bucket {b}: not in the kernel (chosen at random)"
+    return {**answer, "backend": str(backend) if backend else None, "how": how, "expected": expected}
 
 
 def format_show(found: list[dict[str, Any]] | None, as_json: bool = False, agent: dict[str, Any] | None = None) -> str:
@@ -94,8 +126,19 @@ def format_show(found: list[dict[str, Any]] | None, as_json: bool = False, agent
             share = f"{100 * b['packets'] / total:.0f}%"
             pins = "" if b["pinned_clients"] is None else f"  pinned clients {b['pinned_clients']}"
             lines.append(f"  -> {b['backend']}  slot {b['slot']}  new connections {b['packets']} ({share}){pins}")
+        if (c := ident.get("client")) is not None:
+            lines.append(_client_line(c))
         blocks.append("\n".join(lines))
     return head + ("\n\n".join(blocks) + "\n" if blocks else "no identities programmed\n")
+
+
+def _client_line(c: dict[str, Any]) -> str:
+    line = f"  client {c['address']}: {c['backend'] or 'no backend chosen here'} ({c['how']}"
+    if c["pinned"]:
+        line += f", {c['expires_s']} s left"
+    elif c.get("expected") and c["expected"] != c["backend"]:
+        line += f"; OUT OF STEP: every replica's table says {c['expected']}"
+    return line + ")"
 
 
 def _agent_lines(agent: dict[str, Any] | None) -> str:
