@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from bench import choice_report
 from bench.sync_driver import LOOP_CHANGES
 from bench.identities import BACKENDS, RULES_PER_FILE_IDENTITIES, TIMEOUT
 
@@ -238,6 +239,8 @@ def checks(res: dict[str, Any]) -> list[str]:
     for d in res["dataplane"]:
         ok = d["errors"] == 0 and not d["unexpected"] and d["connections"] == d["runs"] * res["config"]["dp_connections"]
         note(ok, f"data plane {d['kind']} {d['n']}: errors {d['errors']} {d['error_samples']}, unexpected answers {d['unexpected']}")
+    for ok, what in choice_report.checks(res["choice"]):
+        note(ok, what)
     lines = [f"{passed} checks passed, {len(failed)} failed."]
     lines += [f"- FAILED: {f}" for f in failed]
     return lines
@@ -464,6 +467,7 @@ def markdown(res: dict[str, Any]) -> str:
         f"The agent's lookup is a hash of `daddr . l4proto . dport` in one verdict map, so a connection costs the same with "
         f"{dp_lo:,} or {dp_hi:,} identities; the iptables chain is walked rule by rule until the target's rule, the last one.",
         "",
+        *choice_report.markdown(res["choice"]),
         "## Correctness checks made during this run",
         "",
         *checks(res),

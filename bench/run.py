@@ -9,7 +9,8 @@ Approaches, on the same identities (bench/identities.py, 4 backends each):
   legacy      one `nft -f -` process per identity (bench/legacy.py)
   kube-proxy  one `nft -f` batch, per-identity chains and inline maps (bench/kubeproxy.py)
   agent       DirectorySource + Reconciler.sync through the agent's code (bench/sync_driver.py)
-plus the data plane against an iptables linear chain (bench/dataplane.py)."""
+plus the data plane against an iptables linear chain (bench/dataplane.py), and the consistent
+choice of a backend against a model of IPVS's `mh` (bench/choice.py: pure computation)."""
 from __future__ import annotations
 
 import argparse
@@ -22,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import common, dataplane, report, sync
+from bench import choice, common, dataplane, report, sync
 from bench.common import machine
 from bench.report import fmt_s
 
@@ -42,6 +43,7 @@ class Config:
     retire_delay: float = 1.0
     agent_retry_wait: float = 60.0
     settle_max: float = 20.0  # before each timed case, wait up to this long for a quiet machine
+    choice: choice.Config = choice.FULL  # backend sets and clients of the consistent choice's comparison
 
 
 FULL = Config(mode="full", sizes=(100, 1000, 10000), legacy_max=1000, change_sizes=(100, 10000),
@@ -51,7 +53,7 @@ FULL = Config(mode="full", sizes=(100, 1000, 10000), legacy_max=1000, change_siz
 QUICK = Config(mode="quick", sizes=(10, 100), legacy_max=100, change_sizes=(10, 100), legacy_clientip_change_max=100,
                dp_kinds=("agent", "agent-clientip", "iptables-legacy", "iptables-nft"), dp_sizes=(10, 1000),
                dp_runs=3, dp_connections=300, dp_warmup=20, retire_delay=0.2, agent_retry_wait=20.0,
-               settle_max=2.0)
+               settle_max=2.0, choice=choice.QUICK)
 
 
 def run(cfg: Config, log: Any = print) -> dict[str, Any]:
@@ -96,6 +98,7 @@ def run(cfg: Config, log: Any = print) -> dict[str, Any]:
     log(f"data plane: {', '.join(cfg.dp_kinds)} at {cfg.dp_sizes} identities, {cfg.dp_runs} runs x {cfg.dp_connections} connections")
     results["dataplane"] = dataplane.run_all(list(cfg.dp_kinds), list(cfg.dp_sizes), cfg.dp_runs, cfg.dp_connections,
                                              cfg.dp_warmup, log=log)
+    results["choice"] = choice.run(cfg.choice, log=log)
     results["runtime_s"] = time.perf_counter() - start
     results["loadavg_end"] = os.getloadavg()[0]
     return results

@@ -14,7 +14,7 @@ import pytest
 from bench import busy as busy_mod
 from bench import cleanup as cleanup_mod
 from bench import identities as ids_mod
-from bench import kubeproxy, legacy, report
+from bench import choice_report, kubeproxy, legacy, report
 from bench.common import REPO, child_env
 from bench.run import QUICK
 from bench.sync import FULL_COUNT_MAX_SETS, max_change_commands
@@ -134,7 +134,7 @@ def test_report_files_hold_every_table(quick: tuple[dict[str, Any], Path, int]) 
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
     for heading in ("**Machine:**", "## Method", "## Full sync", "### Stateless", "### ClientIP",
                     "## One identity's backend change", "## Agent details", "## Data plane", "Side by side",
-                    "## Correctness checks", "![full sync times](benchmarks-sync.png)"):
+                    "## Correctness checks", "![full sync times](benchmarks-sync.png)", choice_report.HEADING):
         assert heading in md, heading
     for n in QUICK.sizes:
         assert f"\n| {n:,} | " in md

@@ -18,18 +18,11 @@ from hypothesis import strategies as st
 from agent.core.consistent import (SEED, SIZE, NoBackends, address_bytes, bucket, choose, jhash, lookup,
                                    reciprocal_scale, table)
 from agent.core.model import Backend
+from bench.choice import backends_of  # the benchmark's random backend sets, of which this checks a sample
 
 FIXTURE = Path(__file__).parent / "fixtures" / "jhash-kernel.json"
 SIZES = (31, 61, 127, 251)  # the sizes issue 21 asks data for
 CLIENTS = 10_000
-
-
-def backends_of(count: int, rng: random.Random) -> list[Backend]:
-    found: dict[Backend, None] = {}
-    while len(found) < count:
-        found[Backend(f"10.{rng.randrange(256)}.{rng.randrange(256)}.{rng.randrange(1, 255)}",
-                      rng.choice((80, 8080, 9090)))] = None
-    return list(found)
 
 
 def clients_per_bucket(size: int) -> list[int]:
