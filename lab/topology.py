@@ -70,7 +70,7 @@ class LabError(RuntimeError):
 
 
 def _ns_pattern(prefix: str) -> re.Pattern[str]:
-    return re.compile(rf"^{re.escape(prefix)}[0-9a-f]{{6}}-(client|vpc|gw|b[0-9]+)$")
+    return re.compile(rf"^{re.escape(prefix)}[0-9a-f]{{6}}-(client|vpc|router|gw[0-9]*|b[0-9]+)$")
 
 
 def _run(argv: Sequence[str], input: str | None = None, timeout: float = 30.0) -> str:
@@ -103,7 +103,7 @@ def _try_lock(path: Path) -> IO[bytes] | None:
 def cleanup_stale(prefix: str = "ngw") -> list[str]:
     """Delete namespaces left behind by a crashed lab; returns the deleted names.
 
-    Only names of the exact lab shape (``ngw`` + 6 hex + ``-client|-gw|-bN``)
+    Only names of the exact lab shape (``ngw`` + 6 hex + ``-client|-vpc|-router|-gw[N]|-bN``)
     are touched, and never those of a lab whose owner process is alive
     (in this or any other process: it holds the lab's lock file).
     """

@@ -66,11 +66,13 @@ def wait_for(check: Callable[[], Any], timeout: float = 5.0, interval: float = 0
 
 
 class Agent:
-    """natgw-agent running as its own process inside the gateway namespace."""
+    """natgw-agent running as its own process inside the gateway namespace (the lab's, or
+    `ns`: one of several gateway replicas the lab holds, as in test_replicas.py)."""
 
     def __init__(self, lab: Lab, rules_dir: Path, log_path: Path, source_args: list[str] | None = None,
-                 supervised: bool = False) -> None:
+                 supervised: bool = False, ns: str | None = None) -> None:
         self.lab = lab
+        self.ns = ns or lab.gw_ns
         self.supervised = supervised  # under the supervisor (`natgw-supervise`), as in its container
         self.rules_dir = rules_dir
         self.log_path = log_path
@@ -83,7 +85,7 @@ class Agent:
         # Supervised: through the supervisor's own entry point, as the container's command runs it.
         argv = [sys.executable, "-m", *(["agent.deploy.supervise", *run] if self.supervised else ["agent.cli", *run])]
         self._log = open(self.log_path, "ab")
-        self.proc = self.lab.popen_in(self.lab.gw_ns, argv, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT)
+        self.proc = self.lab.popen_in(self.ns, argv, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 5.0) -> int:
         assert self.proc is not None
@@ -97,18 +99,18 @@ class Agent:
         return log_entries(self.log_path)
 
     def nft(self, *args: str) -> str:
-        return self.lab.run_in(self.lab.gw_ns, ["nft", *args], capture_output=True, text=True, check=True).stdout
+        return self.lab.run_in(self.ns, ["nft", *args], capture_output=True, text=True, check=True).stdout
 
     def nft_transaction(self, commands: list[list[str]]) -> None:
         """Several nft commands as one transaction (`nft -f -`): the agent repairs drift
         within milliseconds, so damage done in separate commands is repaired between
         them (and a later step, deleting a set the repair refilled a chain with, fails)."""
-        self.lab.run_in(self.lab.gw_ns, ["nft", "-f", "-"], input="\n".join(" ".join(c) for c in commands) + "\n",
+        self.lab.run_in(self.ns, ["nft", "-f", "-"], input="\n".join(" ".join(c) for c in commands) + "\n",
                         capture_output=True, text=True, check=True)
 
     def services(self) -> dict[tuple[Any, ...], str]:
         """The kernel's services map: identity key -> target chain."""
-        out = self.lab.run_in(self.lab.gw_ns, ["nft", "-j", "list", "map", "ip", TABLE, SERVICES],
+        out = self.lab.run_in(self.ns, ["nft", "-j", "list", "map", "ip", TABLE, SERVICES],
                               capture_output=True, text=True)
         if out.returncode != 0:
             return {}
@@ -244,7 +246,7 @@ def agent_status(agent: Agent, what: str = "status") -> dict[str, Any] | None:
     """What the running agent says on its status socket (None: nobody answers)."""
     code = ("import json, sys\nfrom pathlib import Path\nfrom agent.ops.status import query\n"
             "try:\n print(json.dumps(query(Path(sys.argv[1]), sys.argv[2])))\nexcept OSError:\n print('null')\n")
-    out = agent.lab.run_in(agent.lab.gw_ns, [sys.executable, "-c", code, str(agent.state_dir / "agent.sock"), what],
+    out = agent.lab.run_in(agent.ns, [sys.executable, "-c", code, str(agent.state_dir / "agent.sock"), what],
                            capture_output=True, text=True, cwd=ROOT, timeout=10, check=True).stdout
     return json.loads(out)
 
