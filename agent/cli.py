@@ -70,6 +70,10 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--hairpin-snat", action="store_true",
                        help="SNAT clients on the VPC side reaching an identity to its EIP, in the agent's own table "
                             "(outside Kubernetes; kube-ovn's gateway has its own hairpin rule)")
+        s.add_argument("--no-consistent-choice", dest="consistent_choice", action="store_false",
+                       help="pick a ClientIP identity's backend for a new client at random, not by the table every "
+                            "replica computes alike (saves 61 map elements per ClientIP identity; for gateways "
+                            "of one replica)")
         s.add_argument("--vpc-interface", default=Settings.vpc_interface, type=_interface_name,
                        help="the gateway's VPC-side interface, for --hairpin-snat (default: %(default)s)")
         s.add_argument("--hairpin-mark", default=Settings.hairpin_mark, type=_mark,
@@ -171,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     settings = Settings(gateway=args.gateway, from_dir=args.from_dir, kubeconfig=args.kubeconfig, table=args.table,
                         token_dir=args.token_dir, hairpin_snat=args.hairpin_snat, vpc_interface=args.vpc_interface,
-                        hairpin_mark=args.hairpin_mark,
+                        hairpin_mark=args.hairpin_mark, consistent_choice=args.consistent_choice,
                         **({"event_namespace": args.event_namespace, "metrics_addr": args.metrics_addr,
                             "take_over_legacy": args.take_over_legacy, "state_dir": args.state_dir}
                            if args.command == "run" else {}))

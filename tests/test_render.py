@@ -1,10 +1,16 @@
-"""Rendering: the golden table for examples/, slots that stay put, comments."""
+"""Rendering: the golden table for examples/, slots that stay put, comments, the
+consistent choice's buckets."""
+import json
+
 from agent.sources.directory import DirectorySource
-from agent.core.layout import parse_target, slots_of
+from agent.core.consistent import table
+from agent.core.layout import CHASH, goto_target, identity_key, parse_target, slots_of, sticky_slot
 from agent.core.model import Backend, Identity
 from agent.core.plan import document, plan
-from agent.core.render import assign_slots
+from agent.core.render import assign_slots, render_all
+from agent.core.ruleset import EMPTY, Elem
 from tests.builders import ROOT, rendered, rule, web_objects
+from tests.oracles import build_inventory, desired_services
 from tests.golden import check_golden
 
 
@@ -93,3 +99,36 @@ def test_the_hairpin_snat_marks_vpc_side_packets_of_served_identities_only():
     assert outside["mark"] == 0  # an outside client keeps its address
     assert fake.trace("10.0.1.50", "172.18.0.10", "tcp", 8000, iif="eth0", packet=elsewhere) is None
     assert elsewhere["mark"] == 0  # not an identity of the agent's: not its to SNAT
+
+
+def _led_to(rs, identity):
+    """Bucket -> backend as a rendered table leads a client with no pin: the bucket's sticky
+    chain names a slot, the slot's backend map holds the backend."""
+    by_slot = {slot: backend for backend, slot in slots_of(rs)[identity].items()}
+    return [by_slot[sticky_slot(goto_target(Elem(v)))] for v in rs.elements[CHASH][identity_key(identity)]]
+
+
+def test_every_replica_renders_the_same_choice_whatever_its_slots(web_objects):
+    """Two replicas, one whose backends came in another order and hold other slots: their
+    chash elements differ (other sticky chains) but lead each bucket to the same backend,
+    consistent.table's."""
+    app = Identity("172.18.0.10", 443, "tcp")
+    one = rendered(web_objects)
+    history = [o for o in web_objects if o["metadata"]["name"] != "app-a"]
+    newcomer = rule("app-z", 443, "10.0.1.19", 9090, affinity="ClientIP", timeout=600)
+    other = rendered(web_objects, rendered(history, rendered([*history, newcomer])))
+    assert slots_of(one)[app] != slots_of(other)[app]  # the histories differ
+    assert one.elements[CHASH][identity_key(app)] != other.elements[CHASH][identity_key(app)]
+    backends = sorted(slots_of(one)[app])
+    assert _led_to(one, app) == _led_to(other, app) == list(table(backends))
+    assert len(set(_led_to(one, app))) == len(backends)  # every backend has buckets
+
+
+def test_without_the_consistent_choice_clientip_picks_at_random_and_has_no_buckets(web_objects):
+    services = desired_services(build_inventory(web_objects, "gw1").rules, 64).services
+    plain, _ = render_all(services, EMPTY, 1024, -160, consistent=False)
+    assert CHASH not in plain.sets and CHASH not in plain.elements
+    (chain,) = [n for n in plain.chains if n.startswith("aff_")]
+    assert "jhash" not in json.dumps(plain.rules[chain]) and "numgen" in json.dumps(plain.rules[chain][-1])
+    full, _ = render_all(services, EMPTY, 1024, -160)
+    assert "jhash" in json.dumps(full.rules[chain][-2]) and "numgen" in json.dumps(full.rules[chain][-1])

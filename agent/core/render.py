@@ -114,10 +114,11 @@ def assign_slots(services: Mapping[Identity, Service], previous: Slots,
 
 def render_all(services: Mapping[Identity, Service], previous: Ruleset, affinity_set_size: int,
                priority: int, blocked: Mapping[Identity, Collection[int]] = NO_BLOCKS,
-               hairpin: Hairpin | None = None) -> tuple[Ruleset, dict[Identity, Pieces]]:
+               hairpin: Hairpin | None = None, consistent: bool = True) -> tuple[Ruleset, dict[Identity, Pieces]]:
     """The whole table, and each identity's pieces of it."""
     slots = assign_slots(services, slots_of(previous), blocked)
-    pieces = {i: render_service(s, slots[i], affinity_set_size, hairpin) for i, s in sorted(services.items())}
+    pieces = {i: render_service(s, slots[i], affinity_set_size, hairpin, consistent)
+              for i, s in sorted(services.items())}
     rs = base_ruleset(priority, hairpin)
     declared: set[int] = set()  # ids of the shared mappings declared so far
     for p in pieces.values():
@@ -169,8 +170,9 @@ def _undeclare(rs: Ruleset, name: str) -> None:
 
 
 def render_service(service: Service, held: Mapping[Backend, int], affinity_set_size: int,
-                   hairpin: Hairpin | None = None) -> Pieces:
-    """One identity's elements and the shared objects they need, its backends in `held` slots."""
+                   hairpin: Hairpin | None = None, consistent: bool = True) -> Pieces:
+    """One identity's elements and the shared objects they need, its backends in `held`
+    slots; with `consistent` (settings.consistent_choice), a ClientIP identity's buckets."""
     key = identity_key(service.identity)
     order = tuple(sorted(held.values()))
     timeout = service.timeout if service.affinity else None
@@ -178,9 +180,10 @@ def render_service(service: Service, held: Mapping[Backend, int], affinity_set_s
     by_slot = sorted(held.items(), key=lambda item: item[1])
     elems: tuple[Any, ...] = (Elem(goto(target), truncate_comment(service.rule_names)),
                               *(b for b, _ in by_slot))  # a Backend is its own element
-    if timeout is not None:
-        elems = (*elems, buckets(service.backends, held, timeout))
-    return Pieces(key, _names(order, timeout is not None), elems, _shared(order, timeout, affinity_set_size, hairpin))
+    chash = consistent and timeout is not None
+    if chash:
+        elems = (*elems, buckets(service.backends, held, timeout))  # type: ignore[arg-type]
+    return Pieces(key, _names(order, chash), elems, _shared(order, timeout, affinity_set_size, hairpin, chash))
 
 
 def buckets(backends: Collection[Backend], held: Mapping[Backend, int], timeout: int) -> Buckets:
@@ -191,19 +194,21 @@ def buckets(backends: Collection[Backend], held: Mapping[Backend, int], timeout:
 
 
 @functools.lru_cache(maxsize=4096)
-def _names(order: tuple[int, ...], affinity: bool) -> tuple[str, ...]:
+def _names(order: tuple[int, ...], chash: bool) -> tuple[str, ...]:
     """The maps an identity with backends in these slots has elements in."""
-    return (SERVICES, *(backend_map(slot) for slot in order), *((CHASH,) if affinity else ()))
+    return (SERVICES, *(backend_map(slot) for slot in order), *((CHASH,) if chash else ()))
 
 
 class Renderer:
     """Renders the whole table or only changed identities, and remembers each identity's
     pieces as the kernel holds them (after `commit`), so the next change starts there."""
 
-    def __init__(self, affinity_set_size: int, priority: int, hairpin: Hairpin | None = None) -> None:
+    def __init__(self, affinity_set_size: int, priority: int, hairpin: Hairpin | None = None,
+                 consistent: bool = True) -> None:
         self.affinity_set_size = affinity_set_size
         self.priority = priority
         self.hairpin = hairpin
+        self.consistent = consistent
         self._pieces: dict[Identity, Pieces] = {}  # per identity, as the kernel holds it
         self._usage: Counter[str] = Counter()  # shared object -> identities needing it
 
@@ -211,7 +216,8 @@ class Renderer:
              blocked: Mapping[Identity, Collection[int]] = NO_BLOCKS) -> Change:
         """Every identity, with the slots `before` (the kernel's table) holds."""
         before = before or EMPTY
-        wanted, pieces = render_all(services, before, self.affinity_set_size, self.priority, blocked, self.hairpin)
+        wanted, pieces = render_all(services, before, self.affinity_set_size, self.priority, blocked, self.hairpin,
+                                    self.consistent)
         return Change(True, before, wanted, pieces, frozenset(pieces), Counter())
 
     def partial(self, services: Mapping[Identity, Service], changed: Collection[Identity], mirror: Ruleset,
@@ -232,7 +238,8 @@ class Renderer:
             if service is not None:
                 previous = {identity: held_slots(old.elements)} if old else {}
                 held = assign_slots({identity: service}, previous, blocked)[identity]
-                new = pieces[identity] = render_service(service, held, self.affinity_set_size, self.hairpin)
+                new = pieces[identity] = render_service(service, held, self.affinity_set_size, self.hairpin,
+                                                        self.consistent)
                 usage.update(new.shared.keys())
                 definitions.update(new.shared)
         for name, delta in usage.items():
@@ -284,11 +291,12 @@ def _numgen_vmap(targets: list[str]) -> dict[str, Any]:
 
 # Shared definitions are pure functions of their names' parameters: build each once.
 @functools.lru_cache(maxsize=4096)
-def _shared(order: tuple[int, ...], timeout: int | None, size: int, hairpin: Hairpin | None) -> Mapping[str, Shared]:
+def _shared(order: tuple[int, ...], timeout: int | None, size: int, hairpin: Hairpin | None,
+            chash: bool) -> Mapping[str, Shared]:
     """Everything an identity with backends in these slots needs declared (read-only: one
     mapping serves every identity of the pattern)."""
-    shared = {pattern_chain(order, timeout): _pattern(order, timeout)}
-    if timeout is not None:
+    shared = {pattern_chain(order, timeout): _pattern(order, timeout, chash)}
+    if chash:
         shared[CHASH] = _CHASH_MAP
     for slot in order:
         shared.update(_slot(slot, hairpin))
@@ -301,7 +309,7 @@ _CHASH_MAP = Shared("set", {"type": CHASH_TYPE, "map": "verdict"})
 
 
 @functools.lru_cache(maxsize=4096)
-def _pattern(order: tuple[int, ...], timeout: int | None) -> Shared:
+def _pattern(order: tuple[int, ...], timeout: int | None, chash: bool) -> Shared:
     if timeout is None:
         return Shared("chain", {}, (_rule(_numgen_vmap([slot_chain(s) for s in order])),))
     client_key = {"concat": [_SADDR, *_IDENTITY]}
@@ -310,7 +318,8 @@ def _pattern(order: tuple[int, ...], timeout: int | None) -> Shared:
               {"goto": {"target": sticky_chain(s, timeout)}})
         for s in order
     ]
-    return Shared("chain", {}, (*checks, _CONSISTENT, _rule(_numgen_vmap([sticky_chain(s, timeout) for s in order]))))
+    pick = _rule(_numgen_vmap([sticky_chain(s, timeout) for s in order]))
+    return Shared("chain", {}, (*checks, _CONSISTENT, pick) if chash else (*checks, pick))
 
 
 # A client with no pin: the bucket of its address, then the identity's bucket in chash.

@@ -28,7 +28,8 @@ class Planner:
         self.settings = settings
         self.caps = caps
         self.state = DesiredState(settings.gateway, settings.max_backends, settings.max_identities)
-        self.renderer = Renderer(settings.affinity_set_size, settings.priority, hairpin_of(settings))
+        self.renderer = Renderer(settings.affinity_set_size, settings.priority, hairpin_of(settings),
+                                 settings.consistent_choice)
 
     def backends(self, identity: Identity) -> tuple[Backend, ...] | None:
         """An identity's backends as desired now (None: not served). The cleanup thread
