@@ -48,6 +48,14 @@ def script_in_fresh_namespace(prefix: str, script: str, *args: str, timeout: flo
                               cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
+def ns_run(ns: str, *argv: str, stdin: str | None = None, timeout: float = 120) -> str:
+    """A command in a namespace, from the repository's root; its output, once it exited 0."""
+    done = subprocess.run(["ip", "netns", "exec", ns, *argv], input=stdin, capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+    assert done.returncode == 0, f"{argv[:4]}: rc={done.returncode} {done.stderr[-2000:]}"
+    return done.stdout
+
+
 def report_of(done: subprocess.CompletedProcess[str]) -> Any:
     """A script's last line of output, as JSON, once it exited 0."""
     assert done.returncode == 0, done.stderr[-3000:]

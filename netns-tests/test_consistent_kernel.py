@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
-from gwtest import EIP, GATEWAY, ROOT, TABLE, eip_doc, fresh_namespace, rule_doc, yaml_docs
+from gwtest import EIP, GATEWAY, ROOT, TABLE, eip_doc, fresh_namespace, ns_run, rule_doc, yaml_docs
 from agent.core.consistent import choose
 from agent.core.model import Backend
 from test_jhash_kernel import addresses
@@ -43,13 +43,6 @@ again = reconciler.sync(source.objects())
 print(json.dumps({"first": first.commands, "again": again.commands, "identities": first.identities}))
 """
 FIXTURE = ROOT / "tests" / "fixtures" / "layout-24cfe50.nft"
-
-
-def ns_run(ns: str, *argv: str, stdin: str | None = None) -> str:
-    done = subprocess.run(["ip", "netns", "exec", ns, *argv], input=stdin, capture_output=True, text=True,
-                          timeout=120, cwd=ROOT)
-    assert done.returncode == 0, f"{argv[:4]}: rc={done.returncode} {done.stderr[-2000:]}"
-    return done.stdout
 
 
 @contextlib.contextmanager

@@ -22,7 +22,7 @@ from typing import Iterator
 
 import pytest
 
-from gwtest import fresh_namespace
+from gwtest import fresh_namespace, ns_run
 from agent.core.consistent import SEED, SIZE, bucket
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,13 +69,6 @@ def addresses(count: int) -> list[str]:
         first = rng.choice([n for n in range(1, 224) if n not in (10, 127)])
         found[f"{first}.{rng.randrange(256)}.{rng.randrange(256)}.{rng.randrange(256)}"] = None
     return list(found)
-
-
-def ns_run(ns: str, *argv: str, stdin: str | None = None) -> str:
-    out = subprocess.run(["ip", "netns", "exec", ns, *argv], input=stdin, capture_output=True, text=True,
-                         timeout=120, check=False)
-    assert out.returncode == 0, f"{argv[:3]}: rc={out.returncode} {out.stderr[-2000:]}"
-    return out.stdout
 
 
 @contextlib.contextmanager
