@@ -292,8 +292,6 @@ class FakeNft:
                 del body["map"]  # 1.0.6 silently makes a plain set of it (measured)
             else:
                 body["map"] = " . ".join(body["map"])  # a map; the canonical form, as the view gives it
-        if "integer" in body.get("type", ()) and self.version < "1.1.0":
-            raise Refused("Error: Invalid map type")  # 1.0.6 cannot declare it in JSON (REFERENCE.md 9)
         if "dynamic" in body.get("flags", []) and self.version < "1.0.9":
             raise Refused("Error: Invalid set flag")  # nft 1.0.6's JSON parser
         decl = {k: copy.deepcopy(body[k]) for k in _SET_FIELDS if k in body}
@@ -343,19 +341,14 @@ class FakeNft:
 
     _TEXT_TABLE = re.compile(r"add table (\w+) (\w+)")
     _TEXT_MAP = re.compile(r"add map (\w+) (\w+) (\w+) \{ type ([\w .]+) : ([\w .]+);( counter;)? \}")
-    _TEXT_TYPEOF = re.compile(r"add map (\w+) (\w+) (\w+) \{ typeof ip daddr \. meta l4proto \. th dport \. "
-                              r"numgen random mod \d+ : (verdict); \}")
 
     def _text(self, tables: dict[tuple[str, str], _Table], line: str) -> None:
         if m := self._TEXT_TABLE.fullmatch(line):
             self._add_table(tables, {"family": m[1], "name": m[2]})
-        elif m := self._TEXT_MAP.fullmatch(line) or self._TEXT_TYPEOF.fullmatch(line):
+        elif m := self._TEXT_MAP.fullmatch(line):
             table = self._table(tables, {"family": m[1], "table": m[2]})
-            if m.re is self._TEXT_TYPEOF:  # the types the kernel records for that typeof
-                decl: dict[str, Any] = {"type": ["ipv4_addr", "inet_proto", "inet_service", "integer"], "map": m[4]}
-            else:
-                decl = {"type": m[4].split(" . "), "map": m[5]}  # listed as a string, like 1.0.6
-            if m.re is self._TEXT_MAP and m[6]:
+            decl: dict[str, Any] = {"type": m[4].split(" . "), "map": m[5]}  # listed as a string, like 1.0.6
+            if m[6]:
                 decl["stmt"] = [{"counter": None}]
             existing = table.sets.get(m[3])
             if existing is None:
@@ -494,6 +487,8 @@ def _run_chain(t: _Table, name: str, fields: dict[str, Any], pick: Callable[[int
                 if "numgen" in key:
                     chosen = pick(key["numgen"]["mod"]) + key["numgen"]["offset"]
                     target = dict(data["set"]).get(chosen)
+                elif isinstance(data, dict):  # an anonymous map
+                    target = dict(data["set"]).get(_value(key, fields))
                 else:
                     elem = t.sets[data.removeprefix("@")].elems.get(_value(key, fields))
                     target = elem.value if elem is not None else None
@@ -511,6 +506,10 @@ def _run_chain(t: _Table, name: str, fields: dict[str, Any], pick: Callable[[int
                 fields[stmt["mangle"]["key"]["meta"]["key"]] = _value(stmt["mangle"]["value"], fields)
             elif "goto" in stmt:
                 verdict = stmt["goto"]["target"]
+            elif "jump" in stmt:  # and back here, unless the chain jumped to decides
+                result = _run_chain(t, stmt["jump"]["target"], fields, pick)
+                if result is not None:
+                    return result
             elif "set" in stmt and stmt["set"]["op"] == "update":
                 elem = stmt["set"]["elem"]["elem"]
                 target = t.sets[stmt["set"]["set"].removeprefix("@")]

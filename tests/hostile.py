@@ -158,16 +158,12 @@ def check_commands(commands: list[dict[str, Any]], accepted: set[str]) -> None:
                 if isinstance(key, dict) and "elem" in key:
                     key = key["elem"]["val"]
                 name = element["name"]
-                parts = key["concat"]
-                if name == "chash":  # identity . bucket -> the sticky chain of a slot
-                    *parts, bucket = parts
-                    assert type(bucket) is int and 0 <= bucket < SIZE, key
-                eip_addr, proto, port = parts
+                eip_addr, proto, port = key["concat"]
                 assert valid_ipv4(eip_addr) and proto in ("tcp", "udp") and valid_port(port), key
                 if verb != "add":
                     continue
-                if name == "chash":
-                    assert re.fullmatch(r"sticky_[0-9]+_t[0-9]+", value["goto"]["target"]), value
+                if re.fullmatch(r"chash_[0-9]+", name):  # a bucket's map: the sticky chain of a slot
+                    assert int(name[6:]) < SIZE and re.fullmatch(r"sticky_[0-9]+_t[0-9]+", value["goto"]["target"])
                 elif name.startswith("backend_"):
                     address, backend_port = value["concat"]
                     assert valid_ipv4(address) and valid_port(backend_port), (name, value)

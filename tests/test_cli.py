@@ -72,16 +72,12 @@ def test_diff_plans_with_the_running_agents_capabilities_as_its_syncs_do(version
     shown = json.loads(capsys.readouterr().out)["nftables"]
     wired(Settings(gateway="gw1", conntrack=False), *edges(fake), caps=caps).sync(ListCatalog(kept(web_objects)))
     maps = [c["add"]["map"]["map"] for c in shown if c.get("add", {}).get("map", {}).get("name", "").startswith("backend_")]
-    # The chash map (a typeof key) goes as text on every version, first; the rest is the
-    # JSON transaction the sync sent.
-    typeof = [c for c in shown if c["add"].get("map", {}).get("name") == "chash"]
-    assert typeof and fake.texts and all("typeof" in t for t in fake.texts if "chash" in t)
-    if caps.json_concat_maps:  # nft 1.1: the backend maps in that JSON transaction
-        assert fake.batches[-1] == [c for c in shown if c not in typeof]
+    if caps.json_concat_maps:  # nft 1.1: one JSON transaction, exactly the one the sync sent
+        assert fake.batches[-1] == shown and fake.texts == []
         assert maps and all(m == ["ipv4_addr", "inet_service"] for m in maps)
-    else:  # nft 1.0.6: the backend maps went as text too
-        assert maps and all(m == "ipv4_addr . inet_service" for m in maps)
-        assert fake.batches[-1] == [c for c in shown if c["add"].get("map", {}).get("map") not in maps and c not in typeof]
+    else:  # nft 1.0.6: the maps went as text first, the rest as the JSON transaction
+        assert maps and all(m == "ipv4_addr . inet_service" for m in maps) and fake.texts
+        assert fake.batches[-1] == [c for c in shown if c["add"].get("map", {}).get("map") not in maps]
 
 
 def test_diff_without_an_agent_or_a_private_namespace_says_so(monkeypatch, capsys, tmp_path):

@@ -7,6 +7,7 @@ from agent.core.commands import CommandError
 from tests.oracles import build_inventory, desired_services
 from agent.core.layout import sticky_slots
 from agent.core.model import Backend, Identity
+from agent.core.consistent import SIZE
 from agent.core.plan import DECLARE, MAIN, PREPARE, document, plan, retire, stale_chains
 from tests.oracles import render
 from agent.core.ruleset import Ruleset
@@ -66,8 +67,10 @@ def test_deleting_last_identity_empties_shared_chains_and_retires_them_later(web
     cmds = plan(before, after, "ip", "natgw").commands
     deleted = {next(iter(c["delete"].values()))["name"] for c in cmds if "delete" in c and "element" not in c["delete"]}
     flushed = {c["flush"]["chain"]["name"] for c in cmds if "flush" in c}
-    assert deleted == {"backend_0", "backend_1", "backend_2", "aff_0", "aff_1", "chash"}
-    chains = {"slot_0", "slot_1", "slot_2", "lb_n3", "lb_n1", "aff_t600_n2", "sticky_0_t600", "sticky_1_t600"}
+    buckets = range(SIZE)
+    assert deleted == {"backend_0", "backend_1", "backend_2", "aff_0", "aff_1", *(f"chash_{b}" for b in buckets)}
+    chains = {"slot_0", "slot_1", "slot_2", "lb_n3", "lb_n1", "aff_t600_n2", "sticky_0_t600", "sticky_1_t600",
+              "consistent", *(f"bucket_{b}" for b in buckets)}
     assert flushed == chains  # emptied in this transaction ...
     assert set(stale_chains(before, after)) == chains
     assert {c["delete"]["chain"]["name"] for c in retire(sorted(chains), "ip", "natgw").commands} == chains  # ... deleted later
@@ -168,14 +171,10 @@ def test_a_backend_map_redeclared_by_someone_else_is_repaired_in_the_table(web_o
 
 def test_where_json_declares_every_map_the_plan_is_one_transaction(web_objects):
     """nft >= 1.1.0 (agent/kernel/caps.py probes it): the backend maps in JSON, as a list of data
-    types, first after the table as the text declarations would be: one transaction, but
-    for the chash map (a typeof key), which every version is sent in text, first."""
+    types, first after the table as the text declarations would be: one transaction."""
     todo = plan(None, rendered(web_objects), "ip", "natgw", text_maps=False)
-    table = {"add": {"table": {"family": "ip", "name": "natgw"}}}
-    assert [p.kind for p in todo.phases] == [DECLARE, MAIN]
-    assert [c["add"].get("map", {}).get("name") for c in todo.phases[0].commands] == [None, "chash"]
-    assert todo.phases[1].commands == tuple(c for c in todo.commands if c not in todo.phases[0].commands[1:])
-    assert todo.commands[0] == table
+    assert [p.kind for p in todo.phases] == [MAIN] and todo.phases[0].commands == todo.commands
+    assert todo.commands[0] == {"add": {"table": {"family": "ip", "name": "natgw"}}}
     maps = [c["add"]["map"] for c in todo.commands[1:4]]
     assert [m["name"] for m in maps] == ["backend_0", "backend_1", "backend_2"]
     assert all(m["map"] == ["ipv4_addr", "inet_service"] for m in maps)

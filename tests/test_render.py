@@ -3,7 +3,7 @@ consistent choice's buckets."""
 import json
 
 from agent.sources.directory import DirectorySource
-from agent.core.consistent import table
+from agent.core.consistent import SIZE, table
 from agent.core.layout import CHASH, goto_target, identity_key, parse_target, slots_of, sticky_slot
 from agent.core.model import Backend, Identity
 from agent.core.plan import document, plan
@@ -127,8 +127,11 @@ def test_every_replica_renders_the_same_choice_whatever_its_slots(web_objects):
 def test_without_the_consistent_choice_clientip_picks_at_random_and_has_no_buckets(web_objects):
     services = desired_services(build_inventory(web_objects, "gw1").rules, 64).services
     plain, _ = render_all(services, EMPTY, 1024, -160, consistent=False)
-    assert CHASH not in plain.sets and CHASH not in plain.elements
+    assert CHASH not in plain.elements and not any(n.startswith(("chash_", "bucket_", "consistent")) for n in
+                                                    (*plain.sets, *plain.chains))
     (chain,) = [n for n in plain.chains if n.startswith("aff_")]
-    assert "jhash" not in json.dumps(plain.rules[chain]) and "numgen" in json.dumps(plain.rules[chain][-1])
+    assert "consistent" not in json.dumps(plain.rules[chain]) and "numgen" in json.dumps(plain.rules[chain][-1])
     full, _ = render_all(services, EMPTY, 1024, -160)
-    assert "jhash" in json.dumps(full.rules[chain][-2]) and "numgen" in json.dumps(full.rules[chain][-1])
+    assert full.rules[chain][-2] == {"expr": [{"jump": {"target": "consistent"}}]}
+    assert "jhash" in json.dumps(full.rules["consistent"]) and "numgen" in json.dumps(full.rules[chain][-1])
+    assert len([n for n in full.sets if n.startswith("chash_")]) == SIZE

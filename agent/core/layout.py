@@ -16,18 +16,26 @@ Each backend of an identity holds one *slot* for its whole life, so its map elem
 its clients' affinity entries stay put while other backends come and go. ClientIP:
 
     aff_t<T>_<slots>  ip saddr . <identity> @aff_<s> goto sticky_<s>_t<T>   (one per slot)
-                      <identity> . jhash ip saddr mod 61 seed S vmap @chash
+                      jump consistent
                       numgen random mod N vmap { i : goto sticky_<s_i>_t<T> }
-    map chash         identity . bucket -> goto sticky_<s>_t<T>
+    consistent        jhash ip saddr mod 61 seed S vmap { b : goto bucket_<b> }
+    bucket_<b>        <identity> vmap @chash_<b>
+    map chash_<b>     identity -> goto sticky_<s>_t<T>: the slot of bucket b's backend
     sticky_<s>_t<T>   update @aff_<s> { ip saddr . <identity> timeout T }  (slides per connection)
                       goto slot_<s>
     set aff_<s>       client . identity, flags timeout: the clients pinned to slot s
 
-A client with no pin takes the bucket its address hashes to, and `chash` holds, per
+A client with no pin takes the bucket its address hashes to, and the chash maps hold, per
 identity, the backend of each bucket: agent/core/consistent.py's table, a function of the
 backends alone, so every replica of a gateway makes the same first choice whatever its
-slots or history (issue 21). The numgen rule after it serves only while an identity's
-buckets are not (yet) in the kernel: a missing element falls through to it.
+slots or history (issue 21). The DNAT ends the hook's evaluation, so the numgen rule
+after the jump serves only while an identity's buckets are not (yet) in the kernel.
+One map per bucket, not one keyed `identity . bucket`: the kernel dumps a hash map in
+parts, walking it from its start for each (measured here: 122,000 elements in one map
+0.54 s, 305,000 in 2.92 s, in 61 maps 0.25 s and 0.69 s); and libnftables reads every
+element of a map a new rule names (a rule naming a 610,000-element map: 131 ms), which
+no pattern chain does here. In the Ruleset the 61 maps are one entry, CHASH, holding a
+Buckets per identity (ruleset.Buckets).
 
 One `address . port` map per slot, not one map for each: elements are what a full sync
 pays for (libnftables spends ~10 us on each), and this nearly halves them (10,000
@@ -42,7 +50,7 @@ import re
 from typing import Any, Iterable, Iterator, Mapping
 
 from agent.core.model import Backend, Identity
-from agent.core.ruleset import Buckets, Elem, ElemKey, Ruleset
+from agent.core.ruleset import Buckets, Elem, ElemKey, Ruleset, bucket_map
 
 SERVICES = "services"
 BASE_CHAIN = "prerouting"
@@ -51,13 +59,10 @@ IDENTITY_TYPE = ["ipv4_addr", "inet_proto", "inet_service"]
 # The backend maps' data type exactly as nft 1.0.6 lists it: a string, which its JSON
 # parser does not take back (the planner has such maps declared in nft text).
 BACKEND_DATA = "ipv4_addr . inet_service"
-CHASH = "chash"
-# Its key: the identity, then the bucket (declared `typeof ... numgen ...`: nft has no
-# `type` name for a 32-bit integer, and a `typeof` naming jhash loads but makes `nft list
-# ruleset` segfault, 1.0.6 and 1.1.3, seen here; so the planner declares it in nft text).
-CHASH_TYPE = [*IDENTITY_TYPE, "integer"]
-# Bucket numbers read back at or beyond this are not the agent's (it writes < consistent.SIZE):
-# left out of the fold, so no stray key can make it build a list of 4 billion entries.
+CHASH = "chash"  # the elements of the maps chash_<b>, one Buckets per identity
+CONSISTENT_CHAIN = "consistent"
+# Bucket maps read back at or beyond this are not the agent's (it writes < consistent.SIZE):
+# left out of the fold, so no stray map can make it build a list of 4 billion entries.
 _BUCKET_LIMIT = 4096
 
 _PATTERN_RE = re.compile(r"^(?:lb|aff_t(?P<timeout>\d+))_(?:n\d+|s[\d.]+|h[0-9a-f]+)$")
@@ -69,6 +74,10 @@ Counters = dict[tuple[str, str], tuple[int, int]]  # (identity, backend) as text
 @functools.lru_cache(maxsize=1024)
 def backend_map(slot: int) -> str:
     return f"backend_{slot}"
+
+
+def chash_map(bucket: int) -> str:
+    return bucket_map(CHASH, bucket)
 
 
 def affinity_set(slot: int) -> str:
@@ -153,30 +162,45 @@ def backend_of(elem: Elem) -> Backend | None:
     return None
 
 
-def fold_buckets(elements: Mapping[ElemKey, Elem]) -> dict[ElemKey, Buckets]:
-    """The chash map's kernel elements (identity . bucket -> verdict) as one Buckets per
-    identity, the form render.py writes."""
+def bucket_chain(bucket: int) -> str:
+    return f"bucket_{bucket}"
+
+
+def chash_bucket(name: str) -> int | None:
+    """The bucket of a chash map's name; None for any other object."""
+    b = _numbered(name, f"{CHASH}_")
+    return b if b is not None and b < _BUCKET_LIMIT else None
+
+
+def elements_under(name: str) -> str:
+    """Where a map's elements are kept in a Ruleset: a chash map's under CHASH."""
+    return CHASH if chash_bucket(name) is not None else name
+
+
+def fold_buckets(by_map: Mapping[str, Mapping[ElemKey, Elem]]) -> dict[ElemKey, Buckets]:
+    """The chash maps' kernel elements (map chash_<b>: identity -> verdict) as one Buckets
+    per identity, the form render.py writes."""
     grouped: dict[ElemKey, list[Any]] = {}
-    for key, elem in elements.items():
-        if len(key) != 4 or type(key[3]) is not int or not 0 <= key[3] < _BUCKET_LIMIT:
+    for name, elements in by_map.items():
+        b = chash_bucket(name)
+        if b is None:
             continue
-        verdicts = grouped.setdefault(key[:3], [])
-        if key[3] >= len(verdicts):
-            verdicts.extend([None] * (key[3] + 1 - len(verdicts)))
-        verdicts[key[3]] = elem.value
+        for key, elem in elements.items():
+            verdicts = grouped.setdefault(key, [])
+            if b >= len(verdicts):
+                verdicts.extend([None] * (b + 1 - len(verdicts)))
+            verdicts[b] = elem.value
     return {identity: Buckets(verdicts) for identity, verdicts in grouped.items()}
 
 
-def folded(name: str, elements: dict[ElemKey, Elem]) -> dict[ElemKey, Any]:
-    """A map's elements as read back, in render.py's form (the chash map's folded)."""
-    return fold_buckets(elements) if name == CHASH else elements
-
-
 def in_render_form(rs: Ruleset) -> Ruleset:
-    """A table as read back (one kernel element per bucket), with the chash map folded."""
-    if CHASH not in rs.elements:
+    """A table as read back (a map per bucket), with the chash maps folded under CHASH."""
+    maps = [n for n in rs.elements if chash_bucket(n) is not None]
+    if not maps:
         return rs
-    return Ruleset(rs.sets, rs.chains, rs.rules, {**rs.elements, CHASH: fold_buckets(rs.elements[CHASH])})
+    elements = {n: e for n, e in rs.elements.items() if chash_bucket(n) is None}
+    elements[CHASH] = fold_buckets({n: rs.elements[n] for n in maps})
+    return Ruleset(rs.sets, rs.chains, rs.rules, elements)
 
 
 def slots_of(ruleset: Ruleset) -> Slots:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Collection, Iterable, Sequence
+from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
 
 from agent.core.commands import Command, Table
-from agent.core.ruleset import EMPTY, Buckets, ElemKey, Ruleset, concat_data, data_json, key_json, typeof_key
+from agent.core.ruleset import EMPTY, Buckets, ElemKey, Ruleset, bucket_map, concat_data, data_json, key_json
 
 PREPARE = "prepare"  # deletes that must commit before a declaration in text: the data plane changes
 DECLARE = "declare"  # maps declared in nft text: empty and unreferenced until the main phase commits
@@ -75,7 +75,7 @@ def plan(current: Ruleset | None, desired: Ruleset, family: str, table: str, tex
     ordered = [c for phase in phased(commands, family, table).phases for c in phase.commands]
     add_table = Table(family, table).add()
     ordered = [c for i, c in enumerate(ordered) if c != add_table or add_table not in ordered[:i]]
-    return phased([_json_form(c) if needs_text(c) and not _typeof(c) else c for c in ordered], family, table)
+    return one_transaction([_json_form(c) if needs_text(c) else c for c in ordered])
 
 
 def chunked(todo: Plan, max_elements: int) -> Plan:
@@ -133,20 +133,14 @@ def _key_id(key: Any) -> Any:
     """A key as something hashable: the agent's concatenations as tuples (a json.dumps of
     each of 50,000 keys cost ~0.1 s of a 10,000-identity sync), anything else as JSON."""
     if isinstance(key, dict) and len(key) == 1 and isinstance(key.get("concat"), list):
-        return tuple(key["concat"][:3])  # the identity: a chash key's bucket (its 4th) goes with it
+        return tuple(key["concat"])
     return key if isinstance(key, (str, int)) else json.dumps(key, sort_keys=True)
 
 
 def needs_text(command: Command) -> bool:
-    """A map declaration nft 1.0.6's JSON parser cannot take (concatenated data), or no
-    JSON parser takes whole (a typeof key)."""
+    """A map declaration nft 1.0.6's JSON parser cannot take (concatenated data)."""
     body = command.get("add", {}).get("map")
-    return isinstance(body, dict) and (concat_data(body) or typeof_key(body))
-
-
-def _typeof(command: Command) -> bool:
-    """A declaration that needs text on every version (ruleset.typeof_key)."""
-    return typeof_key(command["add"]["map"])
+    return isinstance(body, dict) and concat_data(body)
 
 
 def _json_form(command: Command) -> Command:
@@ -216,17 +210,18 @@ def _commands(current: Ruleset | None, desired: Ruleset, family: str, table: str
         if wanted is None:
             continue  # the map itself goes below
         gone = [key(k) for k, e in elements.items() if wanted.get(k) != e and type(e) is not Buckets]
-        gone += [g for k, e in elements.items() if type(e) is Buckets for g in bucket_keys(k, e, wanted.get(k))]
         if gone:
             cmds.append(t.delete_elements(name, gone))
+        for b, doomed in sorted(bucket_changes(elements, wanted, key, entries=False).items()):
+            cmds.append(t.delete_elements(bucket_map(name, b), doomed))
     for name, elements in desired.elements.items():
         old = current.elements.get(name)
         new = [[{"elem": {"val": key(k), "comment": e.comment}} if e.comment else key(k), data_json(e.value)]
                for k, e in elements.items() if (not old or old.get(k) != e) and type(e) is not Buckets]
-        new += [n for k, e in elements.items() if type(e) is Buckets
-                for n in bucket_entries(k, e, old.get(k) if old else None)]
         if new:
             cmds.append(t.add_elements(name, new))
+        for b, entries in sorted(bucket_changes(elements, old or {}, key, entries=True).items()):
+            cmds.append(t.add_elements(bucket_map(name, b), entries))
 
     # Stale chains are only emptied here and deleted by a later transaction (retire()):
     # kernels before 6.2 may refuse to delete a chain in the batch that removes the map
@@ -236,19 +231,22 @@ def _commands(current: Ruleset | None, desired: Ruleset, family: str, table: str
     return cmds
 
 
-def bucket_keys(identity: ElemKey, held: Buckets, wanted: Any) -> list[Any]:
-    """The kernel keys (identity . bucket) of the buckets `held` has and `wanted` (an
-    identity's Buckets, or None) does not hold alike: only those are deleted."""
-    keep = wanted if type(wanted) is Buckets else ()
-    return [{"concat": [*identity, b]} for b, v in enumerate(held)
-            if v is not None and (b >= len(keep) or keep[b] != v)]
-
-
-def bucket_entries(identity: ElemKey, wanted: Buckets, held: Any) -> list[Any]:
-    """The [key, verdict] entries of the buckets `wanted` has and `held` does not hold alike."""
-    have = held if type(held) is Buckets else ()
-    return [[{"concat": [*identity, b]}, v] for b, v in enumerate(wanted)
-            if v is not None and (b >= len(have) or have[b] != v)]
+def bucket_changes(these: Mapping[ElemKey, Any], others: Mapping[ElemKey, Any], key: Callable[[ElemKey], Any],
+                   entries: bool) -> dict[int, list[Any]]:
+    """Per bucket, the identities whose Buckets in `these` hold an element there that
+    `others` does not hold alike: their keys (what to delete, `these` being the kernel's)
+    or their [key, verdict] entries (what to add, `these` being the desired ones). Only
+    the buckets that differ are written: a backend's change touches ~1/N of 61."""
+    found: dict[int, list[Any]] = {}
+    for k, mine in these.items():
+        if type(mine) is not Buckets:
+            continue
+        theirs = others.get(k)
+        theirs = theirs if type(theirs) is Buckets else ()
+        for b, v in enumerate(mine):
+            if v is not None and (b >= len(theirs) or theirs[b] != v):
+                found.setdefault(b, []).append([key(k), v] if entries else key(k))
+    return found
 
 
 def stale_chains(current: Ruleset | None, desired: Ruleset) -> list[str]:
@@ -278,7 +276,7 @@ def _redeclare(current: Ruleset, desired: Ruleset, t: Table, cmds: list[Command]
     if any("hook" not in desired.chains[n] for n in chains):
         cmds.append(t.delete())
         return None
-    texts = [n for n in sets if any(concat_data(d) or typeof_key(d) for d in (current.sets[n], desired.sets[n]))]
+    texts = [n for n in sets if concat_data(current.sets[n]) or concat_data(desired.sets[n])]
     if texts:
         refs = {f'"@{n}"' for n in texts}
         users = [c for c, rules in current.rules.items() if any(r in json.dumps(rule) for rule in rules for r in refs)]

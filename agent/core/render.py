@@ -15,9 +15,9 @@ from typing import Any, Collection, Mapping, NamedTuple
 
 from agent.core.desired import Service
 from agent.core import consistent
-from agent.core.layout import (BACKEND_DATA, BASE_CHAIN, CHASH, CHASH_TYPE, HAIRPIN_CHAIN, IDENTITY_TYPE, SERVICES, Slots,
-                               affinity_set, backend_map, held_slots, identity_key, pattern_chain, slot_chain, slots_of,
-                               sticky_chain)
+from agent.core.layout import (BACKEND_DATA, BASE_CHAIN, CHASH, CONSISTENT_CHAIN, HAIRPIN_CHAIN, IDENTITY_TYPE,
+                               SERVICES, Slots, affinity_set, backend_map, bucket_chain, chash_map, elements_under,
+                               held_slots, identity_key, pattern_chain, slot_chain, slots_of, sticky_chain)
 from agent.core.model import Backend, Identity
 from agent.core.ruleset import EMPTY, Buckets, Elem, ElemKey, Ruleset, goto, truncate_comment
 from agent.settings import Settings
@@ -161,12 +161,13 @@ def _declare(rs: Ruleset, name: str, shared: Shared) -> None:
     else:
         rs.sets[name] = shared.decl
         if "map" in shared.decl:
-            rs.elements.setdefault(name, {})
+            rs.elements.setdefault(elements_under(name), {})
 
 
 def _undeclare(rs: Ruleset, name: str) -> None:
-    for table in (rs.chains, rs.rules, rs.sets, rs.elements):
+    for table in (rs.chains, rs.rules, rs.sets):
         table.pop(name, None)
+    rs.elements.pop(elements_under(name), None)
 
 
 def render_service(service: Service, held: Mapping[Backend, int], affinity_set_size: int,
@@ -297,7 +298,7 @@ def _shared(order: tuple[int, ...], timeout: int | None, size: int, hairpin: Hai
     mapping serves every identity of the pattern)."""
     shared = {pattern_chain(order, timeout): _pattern(order, timeout, chash)}
     if chash:
-        shared[CHASH] = _CHASH_MAP
+        shared.update(_CONSISTENT)
     for slot in order:
         shared.update(_slot(slot, hairpin))
         if timeout is not None:
@@ -305,7 +306,21 @@ def _shared(order: tuple[int, ...], timeout: int | None, size: int, hairpin: Hai
     return MappingProxyType(shared)
 
 
-_CHASH_MAP = Shared("set", {"type": CHASH_TYPE, "map": "verdict"})
+def _consistent() -> dict[str, Shared]:
+    """The chains and maps of the consistent choice (layout.py), shared by every ClientIP
+    identity: a client's bucket, then the identity's element in that bucket's map."""
+    buckets = range(consistent.SIZE)
+    choose = _rule({"vmap": {"key": {"jhash": {"mod": consistent.SIZE, "seed": consistent.SEED, "expr": _SADDR}},
+                             "data": {"set": [[b, {"goto": {"target": bucket_chain(b)}}] for b in buckets]}}})
+    shared = {CONSISTENT_CHAIN: Shared("chain", {}, (choose,))}
+    for b in buckets:
+        shared[bucket_chain(b)] = Shared("chain", {}, (_rule({"vmap": {"key": {"concat": _IDENTITY},
+                                                                         "data": f"@{chash_map(b)}"}}),))
+        shared[chash_map(b)] = Shared("set", {"type": IDENTITY_TYPE, "map": "verdict"})
+    return shared
+
+
+_CONSISTENT = _consistent()
 
 
 @functools.lru_cache(maxsize=4096)
@@ -319,12 +334,10 @@ def _pattern(order: tuple[int, ...], timeout: int | None, chash: bool) -> Shared
         for s in order
     ]
     pick = _rule(_numgen_vmap([sticky_chain(s, timeout) for s in order]))
-    return Shared("chain", {}, (*checks, _CONSISTENT, pick) if chash else (*checks, pick))
+    return Shared("chain", {}, (*checks, _JUMP_CONSISTENT, pick) if chash else (*checks, pick))
 
 
-# A client with no pin: the bucket of its address, then the identity's bucket in chash.
-_CONSISTENT = _rule({"vmap": {"key": {"concat": [*_IDENTITY, {"jhash": {
-    "mod": consistent.SIZE, "seed": consistent.SEED, "expr": _SADDR}}]}, "data": f"@{CHASH}"}})
+_JUMP_CONSISTENT = _rule({"jump": {"target": CONSISTENT_CHAIN}})
 
 
 @functools.lru_cache(maxsize=4096)

@@ -42,10 +42,11 @@ class Data(tuple):  # type: ignore[type-arg]
 
 
 class Buckets(tuple):  # type: ignore[type-arg]
-    """One identity's buckets in a bucketed map (layout.CHASH): entry b is the verdict of
-    its key `identity . b` (None: the kernel holds no element for b). Its own element, like
-    Data, so that one identity's 61 kernel elements compare, plan and chunk as one: the
-    planner writes only the buckets that differ (plan.bucket_entries)."""
+    """One identity's element in a bucketed family of maps (layout.CHASH): entry b is its
+    element in map `bucket_map(name, b)` (None: that map holds none for it). Its own
+    element, like Data, so that an identity's 61 kernel elements compare, plan and chunk
+    as one (and cost one tuple, not 61 dictionary entries): the planner writes only the
+    buckets that differ (plan.bucket_entries)."""
 
     __slots__ = ()
 
@@ -84,11 +85,15 @@ def concat_data(decl: Mapping[str, Any]) -> bool:
     return " . " in str(decl.get("map", ""))
 
 
-def typeof_key(decl: Mapping[str, Any]) -> bool:
-    """A map whose key has a part only `typeof` can declare (a 32-bit integer: the chash
-    map's bucket): nft text only, on every version (layout.py says why)."""
-    key = decl.get("type")
-    return isinstance(key, list) and "integer" in key
+def bucket_map(name: str, bucket: int) -> str:
+    """The map holding bucket `bucket` of the Buckets kept under `name`."""
+    return f"{name}_{bucket}"
+
+
+def holds(name: str, sets: Mapping[str, Any]) -> bool:
+    """Whether the elements kept under `name` have their map(s) declared in `sets`: the map
+    itself, or the bucket maps of Buckets kept under it."""
+    return name in sets or bucket_map(name, 0) in sets
 
 
 def key_json(key: ElemKey) -> Any:
@@ -126,7 +131,7 @@ def patched(rs: Ruleset, before: Ruleset, after: Ruleset) -> Ruleset:
         if held is not None:
             for key in gone:
                 held.pop(key, None)
-    for name in [n for n in elements if n not in after.sets]:
+    for name in [n for n in elements if not holds(n, after.sets)]:
         del elements[name]
     for name, new in after.elements.items():
         elements.setdefault(name, {}).update(new)

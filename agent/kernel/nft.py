@@ -11,8 +11,6 @@ from typing import Any, Protocol, Sequence
 from agent.errors import ApplyError
 from agent.memory import no_fastbins
 from agent.core.commands import IDENTIFIER
-from agent.core.consistent import SIZE
-from agent.core.layout import CHASH_TYPE
 from agent.core.plan import DECLARE, PART, PREPARE, Plan
 
 
@@ -56,9 +54,6 @@ class _Context:
 
 # What text_declaration() may write: names (IDENTIFIER) and types the agent itself generates.
 _TYPES = frozenset({"ipv4_addr", "inet_proto", "inet_service"})
-# Keys only `typeof` declares, by their types as the kernel reports them (layout.CHASH_TYPE).
-# The bucket's placeholder is a numgen: a jhash here makes `nft list ruleset` segfault.
-_TYPEOF = {tuple(CHASH_TYPE): f"ip daddr . meta l4proto . th dport . numgen random mod {SIZE}"}
 
 
 def text_declaration(command: dict[str, Any]) -> str:
@@ -75,13 +70,10 @@ def text_declaration(command: dict[str, Any]) -> str:
     key, data = body.pop("type"), str(body.pop("map")).split(" . ")
     stmt = body.pop("stmt", None)
     names_ok = all(isinstance(w, str) and IDENTIFIER.fullmatch(w) for w in (table, name))
-    typeof = _TYPEOF.get(tuple(key)) if isinstance(key, list) and data == ["verdict"] else None
-    types_ok = typeof is not None or (
-        isinstance(key, list) and all(isinstance(t, str) and t in _TYPES for t in (*key, *data)))
+    types_ok = isinstance(key, list) and all(isinstance(t, str) and t in _TYPES for t in (*key, *data))
     if body or family != "ip" or stmt not in (None, [{"counter": None}]) or not names_ok or not types_ok:
         raise ValueError(f"cannot declare map in nft text: {command!r}")
-    declared = f"typeof {typeof}" if typeof is not None else f"type {' . '.join(key)}"
-    return (f"add map {family} {table} {name} {{ {declared} : {' . '.join(data)};"
+    return (f"add map {family} {table} {name} {{ type {' . '.join(key)} : {' . '.join(data)};"
             f"{' counter;' if stmt else ''} }}")
 
 

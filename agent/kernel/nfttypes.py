@@ -93,18 +93,6 @@ def _int_decoder(host_order: bool) -> Callable[[bytes], Any]:
     return lambda b: int.from_bytes(b, order)
 
 
-_CHASH_KEY = [TYPE_IPADDR, TYPE_INET_PROTOCOL, TYPE_INET_SERVICE, TYPE_INTEGER]
-_CHASH = struct.Struct("!4BB3xH2x")
-
-
-def _chash_key(b: bytes) -> ElemKey:
-    """The chash map's key: identity . bucket, the bucket a 32-bit integer in the host's
-    byte order (as numgen and jhash leave it in their register; seen here: bucket 60 is
-    3c 00 00 00 on x86)."""
-    a0, a1, a2, a3, p, port = _CHASH.unpack_from(b)
-    return (f"{a0}.{a1}.{a2}.{a3}", PROTOS.get(p, p), port, int.from_bytes(b[12:16], sys.byteorder))
-
-
 def value_decoder(types: list[int], total: int, host_order: bool = False) -> Callable[[bytes], Any]:
     """bytes -> tuple of component values (one per type), for keys and map data. A
     component of a type decoded without certainty becomes a hex string, which never
@@ -118,8 +106,6 @@ def value_decoder(types: list[int], total: int, host_order: bool = False) -> Cal
         else:
             dec = t.decode
         return lambda b: (dec(b),)
-    if types == _CHASH_KEY and total == 16:
-        return _chash_key
     sizes = [datatype(t).size for t in types]
     if None in sizes or sum((s + 3) & ~3 for s in sizes) != total:  # type: ignore[operator]
         return lambda b: (_hex(b),)

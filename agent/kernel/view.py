@@ -25,8 +25,9 @@ import structlog
 from agent.kernel import nfnetlink as nl
 from agent.kernel import nftread as nr
 from agent.kernel import nftuapi as uapi
-from agent.core.layout import Counters, affinity_slot, backend_counters, backend_slot, folded
-from agent.core.ruleset import Elem, ElemKey, Ruleset, element
+from agent.core.layout import (CHASH, Counters, affinity_slot, backend_counters, backend_slot, chash_bucket,
+                               elements_under, fold_buckets)
+from agent.core.ruleset import Elem, ElemKey, Ruleset, element, holds
 
 log = structlog.get_logger()
 
@@ -240,9 +241,17 @@ class KernelView:
         head = nr.read_table(self.family, self.table, elements=False, sock=self._sock)
         return None if head is None else head.ruleset()
 
-    def _elements(self, name: str) -> dict[ElemKey, Elem] | None:
-        found = nr.read_set(self.family, self.table, name, sock=self._sock)
-        return None if found is None else folded(name, {e.key: element(e.value, e.comment) for e in found})
+    def _elements(self, name: str) -> dict[ElemKey, Any] | None:
+        """One map's elements; for CHASH, every chash map's, folded."""
+        if name != CHASH:
+            found = nr.read_set(self.family, self.table, name, sock=self._sock)
+            return None if found is None else {e.key: element(e.value, e.comment) for e in found}
+        head = nr.read_table(self.family, self.table, elements=False, sock=self._sock)
+        maps = [n for n in (head.sets if head is not None else ()) if chash_bucket(n) is not None]
+        if not maps:
+            return None
+        read = {n: nr.read_set(self.family, self.table, n, sock=self._sock) or [] for n in maps}
+        return fold_buckets({n: {e.key: element(e.value, e.comment) for e in found} for n, found in read.items()})
 
     def declaration(self, name: str) -> dict[str, Any] | None:
         """One set's declaration as the kernel holds it (None: no such set)."""
@@ -279,10 +288,12 @@ def reread(damage: Damage, mirror: Ruleset, head: Callable[[], Ruleset | None],
         fresh = head()
         if fresh is None:
             return Ruleset()
-        kept = {n: e for n, e in mirror.elements.items() if n in fresh.sets}
-        kept.update({n: {} for n, d in fresh.sets.items() if n not in mirror.sets and "map" in d})
+        kept = {n: e for n, e in mirror.elements.items() if holds(n, fresh.sets)}
+        kept.update({elements_under(n): {} for n, d in fresh.sets.items()
+                     if n not in mirror.sets and "map" in d and elements_under(n) not in kept})
         current = Ruleset(fresh.sets, fresh.chains, fresh.rules, kept)
-    maps = set(damage.elements) | {n for n in damage.sets if n in current.elements}
+    maps = {elements_under(n) for n in damage.elements} | {elements_under(n) for n in damage.sets
+                                                          if elements_under(n) in current.elements}
     if maps:
         patched = dict(current.elements)
         for name in maps:
