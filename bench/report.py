@@ -163,21 +163,22 @@ def agent_table(res: dict[str, Any]) -> list[str]:
         "| `show` | peak RSS |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for affinity, label in MODES:
-        for n in res["config"]["sizes"]:
-            ag = _find(res["agent"], n, affinity)
-            if not _agent_ok(ag):
-                lines.append(f"| {n:,} | {label.split(' ')[0]} | failed: {(ag or {}).get('error', 'not run').splitlines()[0][:80]} |" + " |" * 8)
-                continue
-            loop = ag.get("change_loop")
-            noop_loop = f"{fmt_s(ag['noop_loop_s'])}, {ag['noop_loop_commands']} commands" if "noop_loop_s" in ag else "n/a"
-            change_loop = (f"{fmt_s(loop['s'])} ({fmt_s(loop['lib_s'])}), {loop['result']['commands']} commands"
-                           if loop else "n/a")
-            lines.append(
-                f"| {n:,} | {label.split(' ')[0]} | {fmt_s(ag['parse_s'])} | {fmt_s(ag['sync_s'])} ({fmt_s(ag.get('sync_lib_s'))}) "
-                f"| {fmt_s(ag['noop_s'])}, {ag['noop_commands']} commands | {noop_loop} "
-                f"| {fmt_s(ag['change_s'])} ({fmt_s(ag.get('change_lib_s'))}), {ag['change']['commands']} commands | {change_loop} "
-                f"| {fmt_s(ag['change_poll_s'])} | {fmt_s(ag['show_s'])} | {ag['rss_peak_kib'] / 1024:.0f} MiB |")
+    rows = [(n, label.split(" ")[0], _find(res["agent"], n, affinity))
+            for affinity, label in MODES for n in res["config"]["sizes"]]
+    rows += [(r["n"], "ClientIP, random first choice", r) for r in res.get("agent_random", [])]
+    for n, mode, ag in rows:
+        if not _agent_ok(ag):
+            lines.append(f"| {n:,} | {mode} | failed: {(ag or {}).get('error', 'not run').splitlines()[0][:80]} |" + " |" * 8)
+            continue
+        loop = ag.get("change_loop")
+        noop_loop = f"{fmt_s(ag['noop_loop_s'])}, {ag['noop_loop_commands']} commands" if "noop_loop_s" in ag else "n/a"
+        change_loop = (f"{fmt_s(loop['s'])} ({fmt_s(loop['lib_s'])}), {loop['result']['commands']} commands"
+                       if loop else "n/a")
+        lines.append(
+            f"| {n:,} | {mode} | {fmt_s(ag['parse_s'])} | {fmt_s(ag['sync_s'])} ({fmt_s(ag.get('sync_lib_s'))}) "
+            f"| {fmt_s(ag['noop_s'])}, {ag['noop_commands']} commands | {noop_loop} "
+            f"| {fmt_s(ag['change_s'])} ({fmt_s(ag.get('change_lib_s'))}), {ag['change']['commands']} commands | {change_loop} "
+            f"| {fmt_s(ag['change_poll_s'])} | {fmt_s(ag['show_s'])} | {ag['rss_peak_kib'] / 1024:.0f} MiB |")
     return lines
 
 
@@ -234,7 +235,7 @@ def checks(res: dict[str, Any]) -> list[str]:
         note(r["check"]["ok"], f"kube-proxy {r['n']} affinity={r['affinity']}: {r['check']}")
         if r.get("change"):
             note(r["change"]["check"]["ok"], f"kube-proxy change {r['n']}: {r['change']['check']}")
-    for r in res["agent"]:
+    for r in [*res["agent"], *res.get("agent_random", [])]:
         note(_agent_ok(r) and r["check"]["ok"], f"agent {r['n']} affinity={r['affinity']}: {r.get('check', r.get('error'))}")
     for d in res["dataplane"]:
         ok = d["errors"] == 0 and not d["unexpected"] and d["connections"] == d["runs"] * res["config"]["dp_connections"]

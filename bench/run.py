@@ -95,6 +95,10 @@ def run(cfg: Config, log: Any = print) -> dict[str, Any]:
                 r = sync.legacy_change_at(n, affinity)
                 results["changes"].append(r)
                 log(f"  {fmt_s(r['seconds'])}, check {r['check']['ok']}")
+    n = max(cfg.sizes)  # the price of the consistent choice: ClientIP with the first choice at random
+    log(f"agent ClientIP {n} identities, --no-consistent-choice")
+    common.settle(cfg.settle_max)
+    results["agent_random"] = [sync.agent_case(n, True, retry_wait=cfg.agent_retry_wait, log=log, consistent=False)]
     log(f"data plane: {', '.join(cfg.dp_kinds)} at {cfg.dp_sizes} identities, {cfg.dp_runs} runs x {cfg.dp_connections} connections")
     results["dataplane"] = dataplane.run_all(list(cfg.dp_kinds), list(cfg.dp_sizes), cfg.dp_runs, cfg.dp_connections,
                                              cfg.dp_warmup, log=log)

@@ -24,8 +24,10 @@ FULL_COUNT_MAX_SETS = 5000
 # clients stay pinned in the old one until the cleanup deletes them): where no identity
 # held that slot yet, its maps, sets and chains and the new pattern chain are declared
 # (~13 commands), and the old slot's go if no one else holds it (~5).
+# With the consistent choice, a ClientIP backend replaced also rewrites its buckets: a
+# delete and an add in each bucket's map it changes (up to 61 each).
 MAX_CHANGE_COMMANDS = 10
-MAX_CHANGE_COMMANDS_CLIENTIP = 25
+MAX_CHANGE_COMMANDS_CLIENTIP = 25 + 2 * 61
 
 
 def max_change_commands(affinity: bool) -> int:
@@ -179,9 +181,11 @@ def _loop_ok(out: dict[str, Any], n: int, affinity: bool) -> bool:
             and ck["backends"] == n * ids_mod.BACKENDS)
 
 
-def agent_case(n: int, affinity: bool, retry_wait: float = 60.0, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """The agent's driver in a fresh namespace on manifests written for n identities. If the
-    agent's code fails (it may be mid-edit), wait and retry once."""
+def agent_case(n: int, affinity: bool, retry_wait: float = 60.0, log: Callable[[str], None] = print,
+               consistent: bool = True) -> dict[str, Any]:
+    """The agent's driver in a fresh namespace on manifests written for n identities
+    (`consistent`: settings.consistent_choice). If the agent's code fails (it may be
+    mid-edit), wait and retry once."""
     idents = ids_mod.identities(n, affinity)
     rules = Path(tempfile.mkdtemp(prefix="natgw-bench-rules-"))
     try:
@@ -190,7 +194,8 @@ def agent_case(n: int, affinity: bool, retry_wait: float = 60.0, log: Callable[[
             try:
                 with namespace() as ns:
                     out = json.loads(python_in(ns, "bench.sync_driver", ["--dir", str(rules), "--n", str(n)]
-                                               + (["--affinity"] if affinity else [])).stdout)
+                                               + (["--affinity"] if affinity else [])
+                                               + ([] if consistent else ["--no-consistent-choice"])).stdout)
                 break
             except (RuntimeError, ValueError) as err:  # the driver failed, or printed no result
                 if attempt == 2:

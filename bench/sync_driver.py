@@ -148,6 +148,7 @@ def main() -> int:
     p.add_argument("--dir", type=Path, required=True)
     p.add_argument("--n", type=int, required=True)
     p.add_argument("--affinity", action="store_true")
+    p.add_argument("--no-consistent-choice", action="store_true", help="ClientIP's first choice at random")
     p.add_argument("--sync-only", action="store_true", help="only the full sync (data-plane set-up)")
     args = p.parse_args()
     _quiet()
@@ -161,7 +162,7 @@ def main() -> int:
     out["parse_s"] = time.perf_counter() - t0
     out["objects"] = len(src.objects())
 
-    r = connected(Settings(gateway="gw1", conntrack=False))
+    r = connected(Settings(gateway="gw1", conntrack=False, consistent_choice=not args.no_consistent_choice))
     clock = _Clock(r.nft)
     modules_before = set(sys.modules)
     t0 = time.perf_counter()
