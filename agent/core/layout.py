@@ -28,8 +28,12 @@ its clients' affinity entries stay put while other backends come and go. ClientI
 A client with no pin takes the bucket its address hashes to, and the chash maps hold, per
 identity, the backend of each bucket: agent/core/consistent.py's table, a function of the
 backends alone, so every replica of a gateway makes the same first choice whatever its
-slots or history (issue 21). The DNAT ends the hook's evaluation, so the numgen rule
-after the jump serves only while an identity's buckets are not (yet) in the kernel.
+slots or history (issue 21). A NAT statement is terminal (it accepts), so the numgen
+rule after the jump serves only while an identity's buckets are not (yet) in the kernel.
+Their cost beyond elements: the kernel validates a table's jump graph, verdict maps'
+elements included, at the commit of any transaction that adds a jump or a verdict element
+(measured here: 610,000 reachable verdict elements, ~60 ms a transaction; 0.35 ms while
+none is reachable), so at 10,000 ClientIP identities every change pays ~60 ms.
 One map per bucket, not one keyed `identity . bucket`: the kernel dumps a hash map in
 parts, walking it from its start for each (measured here: 122,000 elements in one map
 0.54 s, 305,000 in 2.92 s, in 61 maps 0.25 s and 0.69 s); and libnftables reads every

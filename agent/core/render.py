@@ -14,7 +14,7 @@ from types import MappingProxyType
 from typing import Any, Collection, Mapping, NamedTuple
 
 from agent.core.desired import Service
-from agent.core import consistent
+from agent.core.consistent import SEED, SIZE, table
 from agent.core.layout import (BACKEND_DATA, BASE_CHAIN, CHASH, CONSISTENT_CHAIN, HAIRPIN_CHAIN, IDENTITY_TYPE,
                                SERVICES, Slots, affinity_set, backend_map, bucket_chain, chash_map, elements_under,
                                held_slots, identity_key, pattern_chain, slot_chain, slots_of, sticky_chain)
@@ -188,10 +188,10 @@ def render_service(service: Service, held: Mapping[Backend, int], affinity_set_s
 
 
 def buckets(backends: Collection[Backend], held: Mapping[Backend, int], timeout: int) -> Buckets:
-    """A ClientIP identity's element in the chash map: for each bucket, the sticky chain of
+    """A ClientIP identity's elements in the chash maps: for each bucket, the sticky chain of
     the slot its backend (consistent.table's) holds here. The table is the same on every
     replica; the slots may differ, and the chains they name lead to the same backends."""
-    return Buckets(goto(sticky_chain(held[b], timeout)) for b in consistent.table(backends))
+    return Buckets(goto(sticky_chain(held[b], timeout)) for b in table(backends))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -309,8 +309,8 @@ def _shared(order: tuple[int, ...], timeout: int | None, size: int, hairpin: Hai
 def _consistent() -> dict[str, Shared]:
     """The chains and maps of the consistent choice (layout.py), shared by every ClientIP
     identity: a client's bucket, then the identity's element in that bucket's map."""
-    buckets = range(consistent.SIZE)
-    choose = _rule({"vmap": {"key": {"jhash": {"mod": consistent.SIZE, "seed": consistent.SEED, "expr": _SADDR}},
+    buckets = range(SIZE)
+    choose = _rule({"vmap": {"key": {"jhash": {"mod": SIZE, "seed": SEED, "expr": _SADDR}},
                              "data": {"set": [[b, {"goto": {"target": bucket_chain(b)}}] for b in buckets]}}})
     shared = {CONSISTENT_CHAIN: Shared("chain", {}, (choose,))}
     for b in buckets:
