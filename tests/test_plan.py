@@ -208,3 +208,25 @@ def test_a_large_plan_that_only_adds_goes_in_parts_of_whole_identities():
     assert chunked(whole, 10_000) == whole  # small enough: one transaction
     changed = plan(rendered(objects), rendered(objects[:-4], rendered(objects)), "ip", "natgw")
     assert chunked(changed, 1) == changed  # anything that deletes stays one transaction
+
+
+def test_a_large_clientip_plan_makes_its_buckets_reachable_in_its_last_part():
+    """The consistent chain's rule (the only way to the chash maps) comes in the last
+    part, so earlier commits do not make the kernel walk the buckets loaded so far."""
+    from agent.core.layout import CONSISTENT_CHAIN
+    from agent.core.plan import chunked
+    from tests.builders import eip
+
+    objects = [eip("eip-web", "172.18.0.10")] + [
+        rule(f"r{i}-{b}", 1000 + i, f"10.0.{b}.{i % 250 + 1}", affinity="ClientIP", timeout=600)
+        for i in range(40) for b in range(3)]
+    whole = plan(None, rendered(objects), "ip", "natgw")
+    parts = chunked(whole, 500, last=(CONSISTENT_CHAIN,))
+    assert parts.commands == whole.commands and len(parts.phases) >= 4
+
+    def jumps(phase):
+        return [c for c in phase.commands if c["add"].get("rule", {}).get("chain") == CONSISTENT_CHAIN]
+    assert [len(jumps(p)) for p in parts.phases] == [0] * (len(parts.phases) - 1) + [1]
+    nft, view = edges(FakeNft())
+    nft.apply(parts)
+    assert view.read() == rendered(objects)

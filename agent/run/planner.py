@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Collection, Mapping
 
 from agent.core.desired import Catalog, DesiredState, ObjectKey
+from agent.core.layout import CONSISTENT_CHAIN
 from agent.core.model import Backend, Identity
 from agent.core.plan import Plan, chunked, plan
 from agent.core.render import NO_BLOCKS, Change, Renderer, hairpin_of
@@ -52,7 +53,7 @@ class Planner:
         """The change from `current` (None: no table) to `wanted`, in the transactions the
         kernel is sent (agent/core/plan.py's chunked)."""
         todo = plan(current, wanted, FAMILY, self.settings.table, text_maps=not self.caps.json_concat_maps)
-        return chunked(todo, self.settings.max_transaction_elements)
+        return chunked(todo, self.settings.max_transaction_elements, last=(CONSISTENT_CHAIN,))
 
     def commit(self, change: Change) -> None:
         """The kernel took the change: the next partial one starts from its pieces."""
