@@ -601,7 +601,7 @@ class FakeView:
 
     def reread(self, damage: Any, mirror: Any) -> Any:
         from agent.kernel.view import reread
-        from agent.core.ruleset import Ruleset
+        from agent.core.ruleset import Ruleset, holds
 
         def head() -> Any:
             full = self.read_other(self.table)
@@ -609,7 +609,7 @@ class FakeView:
 
         def elements(name: str) -> Any:
             full = self.read_other(self.table)
-            return None if full is None or name not in full.sets else full.elements.get(name, {})
+            return None if full is None or not holds(name, full.sets) else full.elements.get(name, {})
 
         self.reads += 1
         return reread(damage, mirror, head, elements)

@@ -179,6 +179,11 @@ DRIFTS = {
     "affinity set deleted": [{"flush": {"chain": {**REF, "name": "aff_t600_n2"}}}, {"flush": {"chain": {**REF, "name": "sticky_1_t600"}}},
                              {"delete": {"set": {**REF, "name": "aff_1"}}}],
     "rule added": [{"add": {"rule": {**REF, "chain": "lb_n3", "expr": [{"drop": None}]}}}],
+    "bucket deleted": [{"delete": {"element": {**REF, "name": "chash_5", "elem": [{"concat": ["172.18.0.10", "tcp", 443]}]}}}],
+    "bucket changed": [
+        {"delete": {"element": {**REF, "name": "chash_7", "elem": [{"concat": ["172.18.0.10", "tcp", 443]}]}}},
+        {"add": {"element": {**REF, "name": "chash_7", "elem": [[{"concat": ["172.18.0.10", "tcp", 443]}, {"drop": None}]]}}}],
+    "bucket chain flushed": [{"flush": {"chain": {**REF, "name": "bucket_9"}}}],
 }
 
 
