@@ -41,22 +41,14 @@ class Data(tuple):  # type: ignore[type-arg]
         return None
 
 
-class Buckets(tuple):  # type: ignore[type-arg]
+class Buckets(Data):
     """One identity's element in a bucketed family of maps (layout.CHASH): entry b is its
     element in map `bucket_map(name, b)` (None: that map holds none for it). Its own
     element, like Data, so that an identity's 61 kernel elements compare, plan and chunk
     as one (and cost one tuple, not 61 dictionary entries): the planner writes only the
-    buckets that differ (plan.bucket_entries)."""
+    buckets that differ (plan.bucket_changes). Told apart from Data by its exact type."""
 
     __slots__ = ()
-
-    @property
-    def value(self) -> Buckets:
-        return self
-
-    @property
-    def comment(self) -> None:
-        return None
 
 
 def element(value: Any, comment: str | None = None) -> Any:
