@@ -7,7 +7,8 @@ per client, the backend the kernel chose. Raw packets (netns-tests/scripts/syn_s
 come from as many source addresses as wanted.
 
 - 1,000 client addresses with no pin: the kernel's choice is agent.core.consistent's
-  (`choose`) for every one;
+  (`choose`) for every one, and `natgw-agent show --client` says where a client goes
+  before (its bucket) and after (its pin);
 - an upgrade from the layout before the consistent choice (tests/fixtures/
   layout-24cfe50.nft: the examples as that agent left them, with pins): every pin stays,
   pinned clients keep their backend, new ones go by the table, and the next sync sends
@@ -103,6 +104,14 @@ def send(ns: str, packets: list[tuple[str, str, int]]) -> None:
            stdin=json.dumps({"target": EIP, "packets": packets}))
 
 
+def shown(ns: str, client: str) -> dict[str, object]:
+    """`natgw-agent show --client` for the one identity, as JSON."""
+    out = json.loads(ns_run(ns, sys.executable, "-m", "agent.cli", "show", "--json", "--client", client))
+    [identity] = out["identities"]
+    answer: dict[str, object] = identity["client"]
+    return answer
+
+
 def chosen(ns: str, proto: str, port: int) -> dict[str, str]:
     """Client -> the backend conntrack says its packet to EIP:port was DNATed to."""
     out = ns_run(ns, "conntrack", "-L", "-p", proto, "--orig-dst", EIP, "--dport", str(port))
@@ -121,12 +130,20 @@ def test_the_kernel_chooses_as_the_model_for_1000_clients(tmp_path: Path) -> Non
     with looped() as ns:
         result = program(ns, tmp_path)
         assert result["first"] > 0 and result["again"] == 0 and result["identities"] == 1, result
+        fresh = addresses(1010)[1000:]  # clients that sent nothing: no pin
+        before = {c: shown(ns, c) for c in fresh[:5]}
         send(ns, [(c, "udp", PORT) for c in clients])
         seen = chosen(ns, "udp", PORT)
+        after = {c: shown(ns, c) for c in clients[:5]}
     assert len(seen) == len(clients), f"{len(seen)} of {len(clients)} packets were NATed"
     backends = [Backend(ip, BACKEND_PORT) for ip in BACKENDS]
     wrong = {c: (seen[c], choose(backends, c).ip) for c in clients if seen[c] != choose(backends, c).ip}
     assert not wrong, f"{len(wrong)} of {len(clients)} clients not where the model says, e.g. {list(wrong.items())[:5]}"
+    # show --client: an unpinned client's bucket and a pinned one's pin, as the kernel did
+    for c, answer in before.items():
+        assert not answer["pinned"] and answer["backend"] == answer["expected"] == str(choose(backends, c)), answer
+    for c, answer in after.items():
+        assert answer["pinned"] and answer["backend"] == f"{seen[c]}:{BACKEND_PORT}", answer
     shares = {ip: sum(v == ip for v in seen.values()) / len(clients) for ip in BACKENDS}
     assert all(abs(share - 0.25) < 0.06 for share in shares.values()), shares  # and the choice spreads
 

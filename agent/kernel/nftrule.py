@@ -33,7 +33,8 @@ from agent.kernel.nftuapi import (
     NFTA_LOOKUP_SREG, NFTA_META_DREG, NFTA_META_KEY, NFTA_META_SREG, NFTA_NAT_FAMILY, NFTA_NAT_FLAGS,
     NFTA_NAT_REG_ADDR_MAX, NFTA_NAT_REG_ADDR_MIN, NFTA_NAT_REG_PROTO_MAX, NFTA_NAT_REG_PROTO_MIN, NFTA_NAT_TYPE,
     NFTA_HASH_DREG, NFTA_HASH_LEN, NFTA_HASH_MODULUS, NFTA_HASH_OFFSET, NFTA_HASH_SEED, NFTA_HASH_SET_ID,
-    NFTA_HASH_SET_NAME, NFTA_HASH_SREG, NFTA_HASH_TYPE, NFT_HASH_JENKINS, NFTA_NG_DREG, NFTA_NG_MODULUS, NFTA_NG_OFFSET, NFTA_NG_TYPE, NFTA_PAYLOAD_BASE, NFTA_PAYLOAD_DREG,
+    NFTA_HASH_SET_NAME, NFTA_HASH_SREG, NFTA_HASH_TYPE, NFT_HASH_JENKINS, NFTA_NG_DREG, NFTA_NG_MODULUS,
+    NFTA_NG_OFFSET, NFTA_NG_TYPE, NFTA_PAYLOAD_BASE, NFTA_PAYLOAD_DREG,
     NFTA_PAYLOAD_LEN, NFTA_PAYLOAD_OFFSET, NFTA_PAYLOAD_SREG, NFTA_RULE_EXPRESSIONS, NFTA_RULE_USERDATA,
     NFTNL_UDATA_RULE_COMMENT)
 
@@ -395,7 +396,8 @@ class _Rule:
 # Each expression the decompiler knows (its NFTA_EXPR_NAME) -> its handler; any other makes the rule opaque.
 _EXPRESSIONS: dict[str, Callable[[_Rule, Attrs], None]] = {
     "payload": _Rule.payload, "meta": _Rule.meta, "bitwise": _Rule.bitwise, "ct": _Rule.ct,
-    "numgen": _Rule.numgen, "hash": _Rule.hash, "immediate": _Rule.immediate, "cmp": _Rule.cmp, "lookup": _Rule.lookup,
+    "numgen": _Rule.numgen, "hash": _Rule.hash, "immediate": _Rule.immediate, "cmp": _Rule.cmp,
+    "lookup": _Rule.lookup,
     "nat": _Rule.nat, "dynset": _Rule.dynset, "counter": _Rule.counter,
 }
 
