@@ -20,9 +20,9 @@ returns through the replica that NATed the connection (what the README's HA sect
 HA needs). Every connection binds its own source address and a source port never used
 before in the test, so each replica's conntrack says which connections it took.
 
-Until the consistent choice is the agent's data path, each replica picks an unpinned
-client's backend with `numgen random`, and step 2 fails: measured on main at dca1d1c, 2 to
-5 of 60 clients reached one backend over 8 connections (the others two or three)."""
+Before the consistent choice, each replica picked an unpinned client's backend with
+`numgen random`, and step 2 failed: measured at dca1d1c, 2 to 5 of 60 clients reached one
+backend over 8 connections (the others two or three)."""
 from __future__ import annotations
 
 import contextlib
@@ -32,7 +32,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
@@ -298,7 +297,6 @@ def disagreeing(records: list[dict[str, Any]]) -> str:
 
 
 def test_every_replica_sends_a_client_to_the_same_backend(tmp_path: Path) -> None:
-    started = time.monotonic()
     with ecmp_lab(tmp_path) as lab:
         # 1. Churn: each replica its own history, all ending on the same four backends.
         for role in REPLICAS:
@@ -385,4 +383,3 @@ def test_every_replica_sends_a_client_to_the_same_backend(tmp_path: Path) -> Non
         assert not uneven, f"shares beyond {SHARE_TOLERANCE:.0%} of {total / 4:.0f}: {dict(counts)}"
         for role, agent in lab.agents.items():
             assert agent.proc is not None and agent.proc.poll() is None, f"{role}'s agent died"
-    assert time.monotonic() - started < 90
