@@ -338,3 +338,13 @@ def test_the_reconciler_makes_no_collaborator_of_its_own(module: str) -> None:
 
 def test_the_collaborator_contract_can_fail() -> None:
     assert {"Cleanup", "Nft", "KernelView"} <= _constructed("daemon")
+
+
+def test_a_bucket_map_deleted_by_someone_else_is_declared_and_filled_again() -> None:
+    backend, reconciler, store = programmed()
+    good = backend.dump()
+    backend.external([{"flush": {"chain": {**REF, "name": "bucket_0"}}}, {"delete": {"map": {**REF, "name": "chash_0"}}}])
+    assert backend.dump() != good
+    assert reconciler.check_drift() is False
+    assert backend.dump() == good
+    assert reconciler.sync(store, store.take()).commands == 0

@@ -236,19 +236,23 @@ def _commands(current: Ruleset | None, desired: Ruleset, family: str, table: str
         wanted = desired.elements.get(name)
         if wanted is None:
             continue  # the map itself goes below
-        gone = [key(k) for k, e in elements.items() if wanted.get(k) != e and type(e) is not Buckets]
+        if _bucketed(elements):
+            for b, doomed in sorted(bucket_changes(elements, wanted, key, entries=False).items()):
+                cmds.append(t.delete_elements(bucket_map(name, b), doomed))
+            continue
+        gone = [key(k) for k, e in elements.items() if wanted.get(k) != e]
         if gone:
             cmds.append(t.delete_elements(name, gone))
-        for b, doomed in sorted(bucket_changes(elements, wanted, key, entries=False).items()):
-            cmds.append(t.delete_elements(bucket_map(name, b), doomed))
     for name, elements in desired.elements.items():
         old = current.elements.get(name)
+        if _bucketed(elements):
+            for b, entries in sorted(bucket_changes(elements, old or {}, key, entries=True).items()):
+                cmds.append(t.add_elements(bucket_map(name, b), entries))
+            continue
         new = [[{"elem": {"val": key(k), "comment": e.comment}} if e.comment else key(k), data_json(e.value)]
-               for k, e in elements.items() if (not old or old.get(k) != e) and type(e) is not Buckets]
+               for k, e in elements.items() if not old or old.get(k) != e]
         if new:
             cmds.append(t.add_elements(name, new))
-        for b, entries in sorted(bucket_changes(elements, old or {}, key, entries=True).items()):
-            cmds.append(t.add_elements(bucket_map(name, b), entries))
 
     # Stale chains are only emptied here and deleted by a later transaction (retire()):
     # kernels before 6.2 may refuse to delete a chain in the batch that removes the map
@@ -256,6 +260,11 @@ def _commands(current: Ruleset | None, desired: Ruleset, family: str, table: str
     cmds.extend(t.flush_chain(n) for n in stale_chains(current, desired) if current.rules.get(n))
     cmds.extend(t.delete_set(n, decl) for n, decl in current.sets.items() if n not in desired.sets)
     return cmds
+
+
+def _bucketed(elements: Mapping[ElemKey, Any]) -> bool:
+    """Whether these elements are Buckets (all are, or none: only the chash maps' are)."""
+    return type(next(iter(elements.values()), None)) is Buckets
 
 
 def bucket_changes(these: Mapping[ElemKey, Any], others: Mapping[ElemKey, Any], key: Callable[[ElemKey], Any],
