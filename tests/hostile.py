@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, strategies as st
 
 from agent.core.desired import DesiredState, ListCatalog
 from agent.errors import RuleError
-from agent.core.layout import BACKEND_DATA
+from agent.core.layout import BACKEND_DATA, chash_bucket
 from agent.core.model import EIP_KIND, RULE_KIND, Rule
 from agent.core.consistent import SIZE
 from agent.core.plan import document, plan
@@ -157,13 +157,13 @@ def check_commands(commands: list[dict[str, Any]], accepted: set[str]) -> None:
                 key, value = item if verb == "add" else (item, None)
                 if isinstance(key, dict) and "elem" in key:
                     key = key["elem"]["val"]
-                name = element["name"]
                 eip_addr, proto, port = key["concat"]
                 assert valid_ipv4(eip_addr) and proto in ("tcp", "udp") and valid_port(port), key
                 if verb != "add":
                     continue
-                if re.fullmatch(r"chash_[0-9]+", name):  # a bucket's map: the sticky chain of a slot
-                    assert int(name[6:]) < SIZE and re.fullmatch(r"sticky_[0-9]+_t[0-9]+", value["goto"]["target"])
+                name = element["name"]
+                if (bucket := chash_bucket(name)) is not None:  # a bucket's map: the sticky chain of a slot
+                    assert bucket < SIZE and re.fullmatch(r"sticky_[0-9]+_t[0-9]+", value["goto"]["target"]), value
                 elif name.startswith("backend_"):
                     address, backend_port = value["concat"]
                     assert valid_ipv4(address) and valid_port(backend_port), (name, value)
