@@ -74,6 +74,16 @@ def _parser() -> argparse.ArgumentParser:
                        help="pick a ClientIP identity's backend for a new client at random, not by the table every "
                             "replica computes alike (saves 61 map elements per ClientIP identity; for gateways "
                             "of one replica)")
+        s.add_argument("--no-health-checks", dest="health_checks", action="store_false",
+                       help="check no backend unless its rule's annotation natgw.kube-ovn.io/health-check asks")
+        for knob, kind, what in (("interval", float, "seconds between two checks of a backend"),
+                                 ("timeout", float, "seconds a check may take"),
+                                 ("rise", int, "passes in a row that bring a backend back"),
+                                 ("fall", int, "failures in a row that take a backend out"),
+                                 ("cpu-budget", float, "share of one core the checks may use")):
+            attr = f"health_{knob.replace('-', '_')}"
+            s.add_argument(f"--health-{knob}", dest=attr, type=kind, default=getattr(Settings, attr),
+                           help=f"{what} (default: %(default)s)")
         s.add_argument("--vpc-interface", default=Settings.vpc_interface, type=_interface_name,
                        help="the gateway's VPC-side interface, for --hairpin-snat (default: %(default)s)")
         s.add_argument("--hairpin-mark", default=Settings.hairpin_mark, type=_mark,
@@ -176,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings(gateway=args.gateway, from_dir=args.from_dir, kubeconfig=args.kubeconfig, table=args.table,
                         token_dir=args.token_dir, hairpin_snat=args.hairpin_snat, vpc_interface=args.vpc_interface,
                         hairpin_mark=args.hairpin_mark, consistent_choice=args.consistent_choice,
+                        health_checks=args.health_checks, health_interval=args.health_interval,
+                        health_timeout=args.health_timeout, health_rise=args.health_rise, health_fall=args.health_fall,
+                        health_cpu_budget=args.health_cpu_budget,
                         **({"event_namespace": args.event_namespace, "metrics_addr": args.metrics_addr,
                             "take_over_legacy": args.take_over_legacy, "state_dir": args.state_dir}
                            if args.command == "run" else {}))

@@ -139,6 +139,29 @@ class Settings:
     for 61 map elements less per ClientIP identity (10,000 of them: 610,000 elements, most
     of a full sync's time and memory, which a single-replica gateway need not pay)."""
 
+    health_checks: bool = True
+    """Check every TCP backend from the gateway (agent/core/health.py), as HAProxy's `check`
+    does: one that fails `health_fall` times in a row leaves its identity's choice until it
+    passes `health_rise` times. A rule's annotation natgw.kube-ovn.io/health-check overrides
+    it (`off`, `tcp`, `http path=/healthz ...`). UDP backends only where a rule asks."""
+
+    health_interval: float = 1.0
+    """Seconds between two checks of one backend (HAProxy's `inter`)."""
+
+    health_timeout: float = 1.0
+    """Seconds a check may take: the connect, and for an http check its status line."""
+
+    health_rise: int = 2
+    """Passes in a row that bring a down backend back."""
+
+    health_fall: int = 3
+    """Failures in a row that take a backend down: with the interval and timeout, a dead
+    backend stops getting new connections within ~3 s."""
+
+    health_cpu_budget: float = 0.05
+    """Share of one core the checks may use; beyond it their intervals stretch (and the
+    agent says so): 40,000 distinct backends cannot all be checked every second."""
+
     hairpin_snat: bool = False
     """Provide the hairpin SNAT in the agent's table (outside Kubernetes): a client on the
     VPC side (`vpc_interface`) reaching an identity is SNATed to the EIP toward the

@@ -24,8 +24,10 @@ class Agent:
     the log goes on in the same file."""
 
     def __init__(self, ns: str, source: Sequence[str], work: Path, code: Path = REPO,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, checks: bool = True) -> None:
         self.ns, self.source, self.code, self.env = ns, list(source), code, env or {}
+        if not checks and "health_checks" in (code / "agent" / "settings.py").read_text():
+            self.source.append("--no-health-checks")  # an older tree has no checks to turn off
         self.state = work / "state"
         self.log_path = work / "agent.log"
         self.proc: subprocess.Popen[bytes] | None = None

@@ -524,7 +524,9 @@ class Lab:
         sniffers: list[tuple[str, subprocess.Popen[bytes]]] = []
         try:
             for name, ns in zip(self.backend_names, self.backend_ns):
-                args = ["sniff", "--iface", "eth0", "--dport", str(backend_port), "--duration", str(timeout)]
+                # Not the gateway's own SYNs: the agent's health checks connect to the backends too.
+                args = ["sniff", "--iface", "eth0", "--dport", str(backend_port), "--duration", str(timeout),
+                        "--ignore-source", GW_BACKEND_IP]
                 sniffers.append((name, self._start_traffic(ns, args, f"sniff-{name}")))
             # Each sniffer has seen its own canary SYN before saying "ready".
             for _, proc in sniffers:

@@ -325,8 +325,9 @@ def cmd_sniff(args: argparse.Namespace) -> int:
         if tcp.seq == CANARY_SEQ:
             state["canary"] = state["canary"] or ip.dst == my_ip
             return
-        # veth frames of other hosts may be flooded to us by the bridge.
-        if ip.dst != my_ip:
+        # veth frames of other hosts may be flooded to us by the bridge; and the
+        # gateway's own connections (the agent's health checks) are not the traffic counted.
+        if ip.dst != my_ip or ip.src in args.ignore_source:
             return
         state["syns"] += 1
         state["last"] = time.monotonic()
@@ -532,6 +533,7 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--dport", type=int, default=8080)
     n.add_argument("--duration", type=float, default=120.0, help="max run time after ready")
     n.add_argument("--ready-timeout", type=float, default=10.0)
+    n.add_argument("--ignore-source", action="append", default=[], help="leave out SYNs from this address")
     n.set_defaults(func=cmd_sniff)
 
     y = sub.add_parser("syn", help="send SYNs with distinct random source ports (scapy)")

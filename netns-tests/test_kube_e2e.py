@@ -67,3 +67,34 @@ def test_rule_created_through_the_api_carries_traffic_and_its_deletion_stops_it(
     kube_agent.wait_services(0)
     assert lab.tcp_connect(EIP, 80, 3, timeout=0.5)["failed"] == 3
     assert any(r.verb == "watch" for r in fake_api.requests)
+
+
+def test_a_backend_that_fails_its_checks_is_an_event_on_its_rule(lab, fake_api, kube_agent):
+    """Issue 23: a transition is a Warning Event (BackendDown) on each rule behind the
+    backend, and its return a Normal one (BackendUp)."""
+    import subprocess
+    import sys
+
+    from gwtest import ROOT
+
+    fake_api.create("iptables-eips", eip_doc())
+    for name, ip in BACKENDS.items():
+        fake_api.create("iptables-dnat-rules", rule_doc(f"web-{name}", 80, ip))
+    fake_api.create("iptables-dnat-rules", rule_doc("web-late", 80, BACKENDS["b1"], 8087))  # nothing listens yet
+    kube_agent.wait_services(1)
+
+    def events(reason: str) -> list[dict]:
+        return [e for e in fake_api.objects("events", namespace="kube-system") if e.get("reason") == reason]
+
+    wait_for(lambda: events("BackendDown"), 6, 0.1, what="a BackendDown event")
+    (down,) = events("BackendDown")
+    assert down["involvedObject"]["name"] == "web-late" and down["type"] == "Warning", down
+    assert f"{BACKENDS['b1']}:8087" in down["message"] and "refused" in down["message"], down
+    assert lab.tcp_connect(EIP, 80, 20)["failed"] == 0
+    server = lab.popen_in(lab.backend_ns[0], [sys.executable, "-m", "lab.traffic", "serve", "--name", "b1",
+                                              "--tcp-port", "8087"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          cwd=ROOT)
+    assert server.stdout is not None and server.stdout.readline().strip() == b"ready"
+    wait_for(lambda: events("BackendUp"), 6, 0.1, what="a BackendUp event")
+    (up,) = events("BackendUp")
+    assert up["involvedObject"]["name"] == "web-late" and up["type"] == "Normal", up

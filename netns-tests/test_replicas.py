@@ -383,3 +383,32 @@ def test_every_replica_sends_a_client_to_the_same_backend(tmp_path: Path) -> Non
         assert not uneven, f"shares beyond {SHARE_TOLERANCE:.0%} of {total / 4:.0f}: {dict(counts)}"
         for role, agent in lab.agents.items():
             assert agent.proc is not None and agent.proc.poll() is None, f"{role}'s agent died"
+
+
+def test_replicas_checking_on_their_own_agree_once_both_saw_a_failure(tmp_path: Path) -> None:
+    """Issue 23: two replicas, each checking the backends itself. One backend stops
+    answering (its address refuses: one server of four dead); once both replicas saw it
+    fail, both leave it out, and a client with no pin reaches the same backend through
+    either: the one the table of the three survivors gives it."""
+    with ecmp_lab(tmp_path) as lab:
+        route = ("gw1", "gw2")
+        lab.route(route)
+        everything = list(range(len(BACKENDS)))
+        for role in route:
+            lab.program(role, everything, everything)
+            lab.agents[role].start()
+        lab.wait_served({role: served(everything, everything) for role in route})
+        dead = BACKENDS[1]
+        run(["ip", "netns", "exec", lab.ns["b1"], "nft", "-f", "-"],
+            f"table ip dead {{\n chain in {{\n  type filter hook input priority 0; policy accept;\n"
+            f"  ip daddr {dead} tcp dport {BACKEND_PORT} reject with tcp reset\n }}\n}}\n")
+        kept = [i for i, ip in enumerate(BACKENDS) if ip != dead]
+        lab.wait_served({role: served(kept, kept) for role in route}, timeout=6)
+        for role in route:  # each saw it itself
+            downs = [e for e in lab.agents[role].logs() if e.get("event") == "backend down"]
+            assert [e["backend"] for e in downs] == [f"{dead}:{BACKEND_PORT}"], (role, downs)
+        records = lab.through(STICKY, {c: {role: PER_CLIENT // len(route) for role in route} for c in CLIENTS})
+        after = backends_by_client(records)
+        survivors = [Backend(BACKENDS[i], BACKEND_PORT) for i in kept]
+        wrong = {c: sorted(b) for c, b in after.items() if b != {choose(survivors, c).ip}}
+        assert not wrong, f"{len(wrong)} of {len(CLIENTS)} clients not on their one backend through both: {wrong}"

@@ -8,6 +8,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Iterable, NamedTuple
 
+from agent.core.health import ANNOTATION, DEFAULT, FIELD, Check, parse
 from agent.errors import RuleError
 
 RULE_KIND = "IptablesDnatRule"
@@ -63,6 +64,7 @@ class Rule(NamedTuple):
     affinity: bool
     timeout: int  # effective seconds; meaningful only with affinity
     eip: str  # the IptablesEIP's name (desired.py re-evaluates the rule when it changes)
+    check: Check | None = DEFAULT  # how its backend is checked (health.py); None: not at all
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ _SPEC = {RULE_KIND: ("eip", "externalPort", "protocol", "internalIp", "internalP
                      "sessionAffinityTimeoutSeconds"),
          EIP_KIND: ("v4ip", "natGwDp")}
 _STATUS = {EIP_KIND: ("ip",), RULE_KIND: ()}
+_ANNOTATIONS = {EIP_KIND: (), RULE_KIND: (ANNOTATION,)}  # after the status's values
 _AT = {kind: {key: i for i, key in enumerate(keys)} for kind, keys in _SPEC.items()}
 
 
@@ -107,7 +110,7 @@ class Manifest(tuple):  # type: ignore[type-arg]
     """What the model reads of an object (a live rule or EIP with a name), compact: the
     one form the sources hand the model (manifest() makes it). One flat tuple: (kind,
     name, uid, version, the spec's values in _SPEC[kind] order, the status's in
-    _STATUS[kind] order), fields the object lacks MISSING; the uid and resourceVersion as
+    _STATUS[kind] order, the annotations' in _ANNOTATIONS[kind] order), fields the object lacks MISSING; the uid and resourceVersion as
     the text an error shows ("" if none), packed as ints where they print back the same.
     Measured at 40,000 rules: the API's objects ~87 MB, dicts of the fields read ~7 MB,
     this ~4 MB."""
@@ -115,8 +118,9 @@ class Manifest(tuple):  # type: ignore[type-arg]
     __slots__ = ()
 
     @classmethod
-    def of(cls, kind: str, name: str, uid: str, version: str, spec: Iterable[Any], status: Iterable[Any]) -> Manifest:
-        return cls((kind, name, _packed_uid(uid), _packed_version(version), *spec, *status))
+    def of(cls, kind: str, name: str, uid: str, version: str, spec: Iterable[Any], status: Iterable[Any],
+           annotations: Iterable[Any] = ()) -> Manifest:
+        return cls((kind, name, _packed_uid(uid), _packed_version(version), *spec, *status, *annotations))
 
     @property
     def kind(self) -> str:
@@ -180,15 +184,19 @@ def manifest(obj: Any) -> Manifest | None:
     spec, status = obj.get("spec"), obj.get("status")
     spec = spec if isinstance(spec, dict) else {}
     status = status if isinstance(status, dict) else {}
+    notes = meta.get("annotations")
+    notes = notes if isinstance(notes, dict) else {}
     return Manifest.of(sys.intern(kind), name, str(meta.get("uid") or ""), str(meta.get("resourceVersion") or ""),
                        (_interned(k, spec.get(k, MISSING)) for k in _SPEC[kind]),
-                       (status.get(k, MISSING) for k in _STATUS[kind]))
+                       (status.get(k, MISSING) for k in _STATUS[kind]),
+                       (_interned(k, notes.get(k, MISSING)) for k in _ANNOTATIONS[kind]))
 
 
 # Fields whose values repeat across thousands of rules: interned, one string each. Not
 # names or addresses, unique to their rule: interning those only grows the interpreter's
 # table of interned strings (1.8 MB at 40,000 rules).
-_REPEATING = frozenset({"eip", "externalPort", "protocol", "internalPort", "type", "sessionAffinity", "natGwDp"})
+_REPEATING = frozenset({"eip", "externalPort", "protocol", "internalPort", "type", "sessionAffinity", "natGwDp",
+                        ANNOTATION})
 
 
 def _interned(key: str, value: Any) -> Any:
@@ -222,13 +230,15 @@ def eip_reference(obj: Manifest) -> str | None:
 _RULE_SPEC = _SPEC[RULE_KIND]
 _RULE_SPAN = slice(4, 4 + len(_RULE_SPEC))  # a rule Manifest's spec values
 _EIP_AT, _TYPE_AT = _AT[RULE_KIND]["eip"], _AT[RULE_KIND]["type"]
+_NOTE_AT = _RULE_SPAN.stop + len(_STATUS[RULE_KIND])  # the health-check annotation
 
 
 def rule_of(name: str, copies: list[Manifest], eips: dict[str, Eip], gateway: str,
-            identities: dict[Identity, Identity] | None = None) -> Rule | RuleError | None:
+            identities: dict[Identity, Identity] | None = None, check: Check | None = DEFAULT) -> Rule | RuleError | None:
     """This gateway's share rule of that name: a Rule, a RuleError, or None if not ours.
     `identities`, if given, holds one Identity object per identity; the Rule gets that
-    one (and a new one is added), so 40,000 rules share 10,000 identities.
+    one (and a new one is added), so 40,000 rules share 10,000 identities. `check`: how a
+    TCP backend is checked when the rule's annotation does not say (None: not at all).
 
     A name defined more than once (a directory can) is refused if any copy is ours, and
     ignored if none is: the same answer whatever the order of the copies."""
@@ -245,7 +255,7 @@ def rule_of(name: str, copies: list[Manifest], eips: dict[str, Eip], gateway: st
     if eip is None:
         return None  # ownership goes through the EIP; unresolved means not (yet) ours
     try:
-        return _parse_rule(name, fields, eip, identities)
+        return _parse_rule(name, fields, eip, identities, obj[_NOTE_AT], check)
     except RuleError as err:
         return RuleError(err.kind, err.name, err.field, err.reason, obj.uid, obj.version)
 
@@ -275,7 +285,8 @@ def _parse_eip(name: str, obj: Manifest) -> Eip:
 _PROTOCOLS = {"tcp": sys.intern("tcp"), "udp": sys.intern("udp")}
 
 
-def _parse_rule(name: str, fields: tuple[Any, ...], eip: Eip, identities: dict[Identity, Identity] | None) -> Rule:
+def _parse_rule(name: str, fields: tuple[Any, ...], eip: Eip, identities: dict[Identity, Identity] | None,
+                note: Any, default: Check | None) -> Rule:
     if len(name) > 253 or not _NAME_RE.fullmatch(name):
         raise RuleError(RULE_KIND, name, "metadata.name", "not a DNS-1123 subdomain")
     if eip.error is not None:
@@ -298,12 +309,18 @@ def _parse_rule(name: str, fields: tuple[Any, ...], eip: Eip, identities: dict[I
         raise RuleError(
             RULE_KIND, name, "spec.sessionAffinityTimeoutSeconds", f"{timeout!r} is not an integer in 0..{MAX_AFFINITY_TIMEOUT}"
         )
+    if note is not MISSING and type(note) is not str:
+        raise RuleError(RULE_KIND, name, FIELD, f"{note!r} is not a string")
+    try:
+        check = parse(_given(note, ""), protocol, default)
+    except ValueError as err:
+        raise RuleError(RULE_KIND, name, FIELD, str(err)) from None
     identity = Identity(eip.address, external, protocol)
     if identities is not None:
         identity = identities.setdefault(identity, identity)
     # Positional: a NamedTuple built by keyword costs twice as much (40,000 per full sync).
     return Rule(name, identity, Backend(internal_ip, internal), affinity == CLIENT_IP,
-                timeout or DEFAULT_AFFINITY_TIMEOUT, eip.name)
+                timeout or DEFAULT_AFFINITY_TIMEOUT, eip.name, check)
 
 
 def _port(name: str, field_name: str, value: Any) -> int:

@@ -94,8 +94,10 @@ class Health:
             return False, {"status": "not ready", "reason": "no full sync yet"}
         return True, {"status": "ok"}
 
-    def answer(self, capabilities: Any) -> Callable[[str], tuple[bool, dict[str, Any]]]:
-        """Answers for the status socket (agent/ops/status.py): ready, live, status, memory."""
+    def answer(self, capabilities: Any, checks: Callable[[], dict[str, Any]] | None = None
+               ) -> Callable[[str], tuple[bool, dict[str, Any]]]:
+        """Answers for the status socket (agent/ops/status.py): ready, live, status, memory;
+        `checks`: the backends' health (agent/run/checks.py's snapshot), in the status."""
         def answer(query: str) -> tuple[bool, dict[str, Any]]:
             if query == "ready":
                 return self.readyz()
@@ -107,7 +109,7 @@ class Health:
             return ready, {"ready": ready, "live": self.livez()[0], "healthy": self.healthz()[0], "pid": os.getpid(),
                            "reason": why.get("reason"), "problems": list(self.problems),
                            "capabilities": capabilities.as_dict(), "lastError": self.last_error,
-                           "memory": memory.resident()}
+                           "memory": memory.resident(), **({"health": checks()} if checks else {})}
         return answer
 
 

@@ -59,6 +59,18 @@ class Metrics:
                                       "Watch streams started again after one ended (Kubernetes source).", registry=r)
         self.watch_relists = Counter("natgw_watch_relists_total",
                                      "Lists after the first (410 Gone or failures; Kubernetes source).", registry=r)
+        self.health_checked = Gauge("natgw_health_targets", "Backends the health checks follow, by state.",
+                                    ["state"], registry=r)
+        self.backend_down = Gauge(
+            "natgw_backend_down",
+            "1 for each checked backend that is down (a series exists only while it is: 40,000 always-present "
+            "series would cost the agent ~40 MB).", ["backend", "check"], registry=r)
+        self.health_transitions = Counter("natgw_health_transitions_total",
+                                          "Backends that went down or came back up.", ["to"], registry=r)
+        self.health_stretch = Gauge(
+            "natgw_health_interval_stretch",
+            "Factor by which the checks' intervals are stretched to keep their CPU budget (1: as configured).",
+            registry=r)
         self._fields: set[str] = set()
         self._watch_seen: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -73,6 +85,21 @@ class Metrics:
             for field, n in counts.items():
                 self.invalid.labels(field).set(n)
             self._fields |= set(counts)
+
+    def health_transition(self, backend: str, check: str, up: bool) -> None:
+        self.health_transitions.labels("up" if up else "down").inc()
+        if up:
+            try:
+                self.backend_down.remove(backend, check)
+            except KeyError:
+                pass  # down before a restart of the agent: no series
+        else:
+            self.backend_down.labels(backend, check).set(1)
+
+    def health_targets(self, stretch: float, up: int, down: int) -> None:
+        self.health_stretch.set(stretch)
+        self.health_checked.labels("up").set(up)
+        self.health_checked.labels("down").set(down)
 
     def cleaned(self, kind: str, deleted: int, seconds: float) -> None:
         """A cleanup pass finished (agent/run/cleanup.py's report; any thread)."""

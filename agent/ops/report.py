@@ -12,7 +12,7 @@ log = structlog.get_logger()
 
 class EventSink(Protocol):
     def warning(self, kind: str, name: str, uid: str, reason: str, message: str,
-                api_version: str = "kubeovn.io/v1") -> None: ...
+                api_version: str = "kubeovn.io/v1", type_: str = "Warning") -> None: ...
 
 
 class Reporter:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,7 @@ def format_show(found: list[dict[str, Any]] | None, as_json: bool = False, agent
     if as_json:
         return json.dumps({"identities": found, "agent": agent}, indent=2) + "\n"
     head = _agent_lines(agent)
+    checks = _health_by_backend(agent)
     if found is None:
         return head + "no natgw table: the agent has programmed nothing in this namespace\n"
     blocks: list[str] = []
@@ -125,7 +127,8 @@ def format_show(found: list[dict[str, Any]] | None, as_json: bool = False, agent
         for b in ident["backends"]:
             share = f"{100 * b['packets'] / total:.0f}%"
             pins = "" if b["pinned_clients"] is None else f"  pinned clients {b['pinned_clients']}"
-            lines.append(f"  -> {b['backend']}  slot {b['slot']}  new connections {b['packets']} ({share}){pins}")
+            lines.append(f"  -> {b['backend']}  slot {b['slot']}  new connections {b['packets']} ({share}){pins}"
+                         + (_health_word(checks.get(b["backend"])) if checks else ""))
         if (c := ident.get("client")) is not None:
             lines.append(_client_line(c))
         blocks.append("\n".join(lines))
@@ -141,6 +144,46 @@ def _client_line(c: dict[str, Any]) -> str:
     return line + ")"
 
 
+def _health_by_backend(agent: dict[str, Any] | None) -> dict[str, list[dict[str, Any]]]:
+    """The agent's health targets by the backend they check (a backend may have two checks)."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for row in ((agent or {}).get("health") or {}).get("targets", []):
+        found.setdefault(row["backend"], []).append(row)
+    return found
+
+
+def _health_word(rows: list[dict[str, Any]] | None) -> str:
+    if not rows:
+        return "  not checked"
+    return "".join(f"  {'up' if r['up'] else 'DOWN'} since {_clock(r['since'])} ({r['check'].split()[0]})" for r in rows)
+
+
+def _clock(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+
+
+def _health_lines(health: dict[str, Any] | None) -> list[str]:
+    """The checks in brief, and every backend that is down or failed a check lately: why,
+    since when. A down backend is in no identity's block below: it left the table."""
+    if not health:
+        return []
+    rows = health.get("targets", [])
+    down = [r for r in rows if not r["up"]]
+    stretch = health.get("stretch", 1.0)
+    lines = [f"  health checks: {len(rows) - len(down)} up, {len(down)} down"
+             + (f"; intervals stretched x{stretch:.1f} to keep the CPU budget" if stretch > 1.0 else "")]
+    if health.get("failOpen"):
+        lines.append(f"    every backend down, all kept (fail open): {', '.join(health['failOpen'][:20])}")
+    recovered = 0
+    for r in sorted(rows, key=lambda r: (r["up"], -r.get("failedAt", 0))):
+        if r["up"] and (not r.get("lastFailure") or recovered == 10):  # the 10 latest that failed and recovered
+            continue
+        recovered += r["up"]
+        state = f"DOWN since {_clock(r['since'])}" if not r["up"] else "up"
+        lines.append(f"    {r['backend']} {state} ({r['check']}); last failure {_clock(r['failedAt'])}: {r['lastFailure']}")
+    return lines
+
+
 def _agent_lines(agent: dict[str, Any] | None) -> str:
     if agent is None:
         return "agent: not answering (not running here, or another --state-dir)\n\n"
@@ -152,4 +195,5 @@ def _agent_lines(agent: dict[str, Any] | None) -> str:
     if mem.get("rss_kib") is not None:
         lines.append(f"  memory: resident {mem['rss_kib'] / 1024:.0f} MB, peak {mem['peak_kib'] / 1024:.0f} MB")
     lines += [f"  problem: {p}" for p in agent.get("problems", [])]
+    lines += _health_lines(agent.get("health"))
     return "\n".join(lines) + "\n\n"

@@ -17,6 +17,7 @@ from agent.ops.health import Health, serve
 from agent.ops.metrics import Metrics
 from agent.ops.report import Reporter
 from agent.ops.status import PROGRAMMED, StatusServer
+from agent.run.checks import HealthChecks
 from agent.run.cleanup import Cleanup, FlowTable, SetReader
 from agent.run.crdcheck import CrdCheck, reader as crd_reader
 from agent.run.loop import Source, StopEvent, run_loop
@@ -78,6 +79,15 @@ def check_crd(api: Any, health: Health, events: Any, settings: Settings) -> CrdC
     return CrdCheck(crd_reader(api), health, events, settings.gateway).start()
 
 
+def health_checks(settings: Settings) -> HealthChecks:
+    """The backends' health checks: a prober thread in this namespace (the gateway's: the
+    checks go where the traffic goes), started by the loop. Made even with
+    settings.health_checks off: a rule's annotation may still ask for one."""
+    from agent.health.prober import Prober
+
+    return HealthChecks(lambda report: Prober(report, budget=settings.health_cpu_budget))
+
+
 def run(settings: Settings) -> int:
     """Program the gateway and keep it programmed until SIGTERM or SIGINT."""
     source, api = source_of(settings)
@@ -99,10 +109,12 @@ def run(settings: Settings) -> int:
     # Counters through a read-only view of their own (its own socket: another thread).
     metrics.serve_backend_counters(KernelView(FAMILY, settings.table, subscribe=False).counters)
     reconciler = connected(settings, Reporter(events, settings.gateway))
+    checks = health_checks(settings)
     if api is not None:
         check_crd(api, health, events, settings)
     try:
-        status: StatusServer | None = StatusServer(settings.state_dir / "agent.sock", health.answer(reconciler.caps))
+        status: StatusServer | None = StatusServer(settings.state_dir / "agent.sock",
+                                                   health.answer(reconciler.caps, checks.snapshot))
     except OSError as err:  # `natgw-agent health` will say so; the data plane is programmed all the same
         log.error("status socket unavailable", path=str(settings.state_dir / "agent.sock"), error=str(err))
         status = None
@@ -115,7 +127,7 @@ def run(settings: Settings) -> int:
         events.start()
     source.start()
     try:
-        run_loop(settings, source, reconciler, stop, health, metrics)
+        run_loop(settings, source, reconciler, stop, health, metrics, checks, events)
     finally:
         if status is not None:
             status.close()

@@ -29,12 +29,16 @@ from agent.errors import ApplyError
 from agent.ops.health import Health
 from agent.memory import collect_cycles
 from agent.ops.metrics import Metrics
+from agent.run.checks import HealthChecks
 from agent.run.cleanup import Cleanup
 from agent.run.reconcile import SyncResult
 from agent.run.schedule import Schedule
 from agent.settings import Settings
 
 log = structlog.get_logger()
+# Transitions said one by one (log line, Events) per turn: a VPC link down fails 40,000
+# backends at once, and 40,000 log lines and Events would say nothing the count does not.
+SAID_TRANSITIONS = 50
 
 
 class Source(Protocol):
@@ -107,6 +111,10 @@ class Pipeline(Protocol):
     def due(self) -> list[float]: ...
     def retire_chains(self) -> None: ...
     def clean_affinity(self) -> int: ...
+    def health_down(self, down: frozenset[Any]) -> int: ...
+    def take_targets(self) -> Any: ...
+    def failing_open(self) -> list[Any]: ...
+    def rules_checking(self, targets: Any) -> dict[Any, list[str]]: ...
 
 
 class Stop(Protocol):
@@ -168,8 +176,9 @@ class StopEvent(threading.Event):
 
 
 def run_loop(settings: Settings, source: Source, reconciler: Pipeline, stop: Stop,
-             health: Health | None = None, metrics: Metrics | None = None) -> None:
-    Loop(settings, source, reconciler, stop, health, metrics).run()
+             health: Health | None = None, metrics: Metrics | None = None, checks: HealthChecks | None = None,
+             events: Any = None) -> None:
+    Loop(settings, source, reconciler, stop, health, metrics, checks=checks, events=events).run()
 
 
 class Loop:
@@ -179,7 +188,8 @@ class Loop:
 
     def __init__(self, settings: Settings, source: Source, reconciler: Pipeline, stop: Stop,
                  health: Health | None = None, metrics: Metrics | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, checks: HealthChecks | None = None,
+                 events: Any = None) -> None:
         self.settings = settings
         self.source = source
         self.reconciler = reconciler
@@ -187,6 +197,8 @@ class Loop:
         self.health = health or Health(settings.healthz_stale_after, settings.livez_wedged_after)
         self.metrics = metrics or Metrics()
         self.clock = clock
+        self.checks = checks  # the backends' health checks (None: off)
+        self.events = events  # an EventSink (the Kubernetes path) for health transitions
         self.waker = Waker()
         stop.attach(self.waker.wake)
         self.schedule = Schedule(settings, clock)
@@ -209,10 +221,15 @@ class Loop:
         cleanup.wake, cleanup.report = self.waker.wake, self.metrics.cleaned
         self.health.poke = self.waker.wake
         cleanup.start()
+        if self.checks is not None:
+            self.checks.wake = self.waker.wake
+            self.checks.prober.start()
         try:
             while not self.stop.is_set():
                 self.turn(selector, attached or source_fd is not None)
         finally:
+            if self.checks is not None:
+                self.checks.prober.stop()
             cleanup.stop()
             selector.close()
             self.waker.close()
@@ -235,6 +252,8 @@ class Loop:
                 schedule.queue(self.source.changed_at)
         except Exception:  # a source bug must not kill the data plane's keeper
             log.exception("source poll failed")
+        if self.checks is not None:
+            self._health()
         if schedule.resync_due(now):
             collect_cycles()
             self.reconciler.request_full_sync()
@@ -267,6 +286,47 @@ class Loop:
         except Exception:
             log.exception("post-sync cleanup failed")
 
+    def _health(self) -> None:
+        """Backends that went down or came back: said (log, metrics, Events on their rules),
+        and the identities they serve rendered at the next sync. Batched: every transition
+        since the last turn in one sync."""
+        assert self.checks is not None
+        transitions = self.checks.drain()
+        if not transitions:
+            return
+        rules = self.reconciler.rules_checking({t for t, _ in transitions})
+        for n, (target, state) in enumerate(transitions):
+            backend, check = target
+            self.metrics.health_transition(str(backend), str(check), state.up)
+            if n >= SAID_TRANSITIONS:
+                continue
+            names = rules.get(target, [])
+            if state.up:
+                log.info("backend up", backend=str(backend), check=str(check), rules=names)
+            else:
+                log.warning("backend down", backend=str(backend), check=str(check), reason=state.last_failure,
+                            rules=names)
+            if self.events is not None:
+                message = f"backend {backend} is {'up' if state.up else 'down'} ({check})" + (
+                    "" if state.up else f": {state.last_failure}")
+                for name in names:
+                    self.events.warning("IptablesDnatRule", name, "", "BackendUp" if state.up else "BackendDown",
+                                        message, type_="Normal" if state.up else "Warning")
+        if len(transitions) > SAID_TRANSITIONS:
+            log.warning("more backends changed state at once than are said one by one",
+                        said=SAID_TRANSITIONS, down=sum(not s.up for _, s in transitions),
+                        up=sum(s.up for _, s in transitions))
+        self.metrics.health_targets(self.checks.prober.stretch, *self.checks.counts())
+        touched = self.reconciler.health_down(self.checks.down())
+        if touched:
+            log.info("health changed the choice", identities=touched, transitions=len(transitions))
+            self.schedule.queue()
+        failing = self.reconciler.failing_open()
+        if failing:
+            log.warning("every backend of these identities is down: keeping them all (fail open)",
+                        identities=[str(i) for i in failing[:20]], count=len(failing))
+        self.checks.failing_open = [str(i) for i in failing]
+
     def _timeout(self, wakes: bool) -> float:
         """Seconds until the earliest due timer: the schedule's, systemd's watchdog, the
         source's next poll, the reconciler's."""
@@ -295,6 +355,8 @@ class Loop:
             self.schedule.synced()
             self.syncs += 1
             self.health.synced()
+            if self.checks is not None and (targets := self.reconciler.take_targets()) is not None:
+                self.checks.follow(targets)
             _record(self.metrics, self.reconciler, result, self.clock() - started,
                     time.time() - self.schedule.queued_at)
         except ApplyError as err:

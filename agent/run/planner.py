@@ -4,9 +4,12 @@ against the kernel's table. It reads and writes nothing: the Reconciler
 (agent/run/oneshot.py) print its preview, so what they show is what a sync would send."""
 from __future__ import annotations
 
-from typing import Collection, Mapping
+from collections import Counter
+from dataclasses import replace
+from typing import Collection, Iterator, Mapping
 
-from agent.core.desired import Catalog, DesiredState, ObjectKey
+from agent.core.desired import Catalog, DesiredState, ObjectKey, Service
+from agent.core.health import DEFAULT, Check, Target, target, usable
 from agent.core.layout import CONSISTENT_CHAIN
 from agent.core.model import Backend, Identity
 from agent.core.plan import Plan, chunked, plan
@@ -28,7 +31,12 @@ class Planner:
     def __init__(self, settings: Settings, caps: Capabilities) -> None:
         self.settings = settings
         self.caps = caps
-        self.state = DesiredState(settings.gateway, settings.max_backends, settings.max_identities)
+        self.state = DesiredState(settings.gateway, settings.max_backends, settings.max_identities, default_check(settings))
+        self.down: frozenset[Target] = frozenset()  # targets whose backends leave the choice (health.py)
+        self._dirty: set[Identity] = set()  # identities a health change touched, for the next partial render
+        self._targets: dict[Identity, tuple[Target, ...]] = {}  # each identity's checks
+        self.targets: Counter[Target] = Counter()  # every check the services need, deduplicated
+        self.targets_changed = False  # a target came or went since the health checks were told
         self.renderer = Renderer(settings.affinity_set_size, settings.priority, hairpin_of(settings),
                                  settings.consistent_choice)
 
@@ -42,12 +50,61 @@ class Planner:
         """Every object evaluated, every identity rendered, with the slots `current` (the
         kernel's table; None: none) holds."""
         self.state.rebuild(catalog)
-        return self.renderer.full(self.state.services, current, blocked)
+        self._dirty.clear()
+        self._count_targets(None)
+        return self.renderer.full(_Usable(self.state.services, self.down), current, blocked)
 
     def partial(self, catalog: Catalog, changed: Collection[ObjectKey], mirror: Ruleset,
                 blocked: Blocked = NO_BLOCKS) -> Change:
-        """Only the changed objects evaluated, only the identities they touch rendered."""
-        return self.renderer.partial(self.state.services, self.state.update(catalog, changed), mirror, blocked)
+        """Only the changed objects evaluated, only the identities they touch (or a health
+        change did) rendered."""
+        identities = self.state.update(catalog, changed) | self._dirty
+        self._dirty = set()
+        self._count_targets(identities)
+        return self.renderer.partial(_Usable(self.state.services, self.down), identities, mirror, blocked)
+
+    def set_down(self, down: frozenset[Target]) -> int:
+        """The targets that are down now; the identities whose choice that changes are
+        rendered at the next partial sync. Returns how many (0: no sync needed)."""
+        flipped = down ^ self.down
+        self.down = down
+        if not flipped:
+            return 0
+        # A scan (~10 ms at 10,000 identities x 4): transitions are rare and come batched.
+        touched = {i for i, ts in self._targets.items() if any(t in flipped for t in ts)}
+        self._dirty |= touched
+        return len(touched)
+
+    def failing_open(self) -> list[Identity]:
+        """Identities whose every backend is down: they keep them all (health.usable)."""
+        if not self.down:
+            return []
+        return sorted(i for i, ts in self._targets.items()
+                      if all(t in self.down for t in ts) and len(ts) == len(self.state.services[i].backends))
+
+    def _count_targets(self, identities: Collection[Identity] | None) -> None:
+        """Keep `targets` in step with the services (None: all of them changed), and
+        `targets_changed` true once a target came or went."""
+        if identities is None:
+            self._targets.clear()
+            self.targets.clear()
+            self.targets_changed = True
+            identities = self.state.services
+        counts = self.targets
+        for identity in identities:
+            for t in self._targets.pop(identity, ()):
+                counts[t] -= 1
+                if not counts[t]:
+                    del counts[t]
+                    self.targets_changed = True
+            service = self.state.services.get(identity)
+            new = _targets_of(service) if service is not None else ()
+            if new:
+                self._targets[identity] = new
+                for t in new:
+                    if t not in counts:
+                        self.targets_changed = True
+                    counts[t] += 1
 
     def plan(self, current: Ruleset | None, wanted: Ruleset) -> Plan:
         """The change from `current` (None: no table) to `wanted`, in the transactions the
@@ -65,3 +122,41 @@ class Planner:
         change = self.whole(catalog, current)
         reporter.report(self.state.errors, self.state.notes)
         return self.plan(current, change.wanted)
+
+
+def default_check(settings: Settings) -> Check | None:
+    """How a TCP backend is checked when its rule does not say (None: not at all)."""
+    if not settings.health_checks:
+        return None
+    return replace(DEFAULT, interval=settings.health_interval, timeout=settings.health_timeout,
+                   rise=settings.health_rise, fall=settings.health_fall)
+
+
+def _targets_of(service: Service) -> tuple[Target, ...]:
+    return tuple(target(b, c) for b, c in zip(service.backends, service.checks) if c is not None)
+
+
+class _Usable(Mapping[Identity, Service]):
+    """The services as the renderer must see them: a service with a backend down offers
+    only the usable ones (health.usable). A view, not a copy: a partial sync looks up a
+    few of 10,000."""
+
+    def __init__(self, services: Mapping[Identity, Service], down: frozenset[Target]) -> None:
+        self._services = services
+        self._down = down
+
+    def __getitem__(self, identity: Identity) -> Service:
+        service = self._services[identity]
+        if not self._down:
+            return service
+        backends = usable(service.backends, service.checks, self._down)
+        if backends is service.backends:
+            return service
+        checks = dict(zip(service.backends, service.checks))
+        return replace(service, backends=backends, checks=tuple(checks[b] for b in backends))
+
+    def __iter__(self) -> Iterator[Identity]:
+        return iter(self._services)
+
+    def __len__(self) -> int:
+        return len(self._services)

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Iterable, Protocol
+from typing import Any, Callable, Collection, ContextManager, Iterable, Protocol
 
 import structlog
 
 from agent.run.cleanup import Cleanup, Slice
 from agent.core.commands import Command, Table
 from agent.core.desired import Catalog, ListCatalog, ObjectKey
+from agent.core.health import Target
 from agent.errors import ApplyError
 from agent.kernel.view import Damage
 from agent.core.layout import identity_key
@@ -156,6 +157,25 @@ class Reconciler:
                 self.nft.apply(todo)
         finally:
             trim()  # what libnftables used for a large transaction goes back to the kernel
+
+    def health_down(self, down: frozenset[Target]) -> int:
+        """The health checks' down targets now; returns how many identities that changes
+        (rendered at the next sync, which the loop then queues)."""
+        return self.planner.set_down(down)
+
+    def failing_open(self) -> list[Any]:
+        return self.planner.failing_open()
+
+    def take_targets(self) -> Collection[Target] | None:
+        """The targets to check, if they changed since the last call (None: they did not)."""
+        if not self.planner.targets_changed:
+            return None
+        self.planner.targets_changed = False
+        return self.planner.targets.keys()
+
+    def rules_checking(self, targets: Collection[Target]) -> dict[Target, list[str]]:
+        """The valid rules whose backends these targets check, by target (for logs and Events)."""
+        return self.state.rules_checking(targets)
 
     def check_drift(self) -> bool:
         """Repair what others changed in the agent's table since the last look, as the

@@ -41,7 +41,9 @@ class EventRecorder:
         self._thread.join(timeout)
 
     def warning(self, kind: str, name: str, uid: str, reason: str, message: str,
-                api_version: str = "kubeovn.io/v1") -> None:
+                api_version: str = "kubeovn.io/v1", type_: str = "Warning") -> None:
+        """An Event on the object (a Warning; type_="Normal" for news that is good: a backend
+        back up)."""
         now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {
             "apiVersion": "v1",
@@ -51,7 +53,7 @@ class EventRecorder:
             "involvedObject": {"apiVersion": api_version, "kind": kind, "name": name, **({"uid": uid} if uid else {})},
             "reason": reason,
             "message": message[:1024],
-            "type": "Warning",
+            "type": type_,
             "count": 1,
             "firstTimestamp": now,
             "lastTimestamp": now,

@@ -1,0 +1,1 @@
+"""Active health checks of the load balancer's backends."""

@@ -1,0 +1,96 @@
+"""The loop's side of the health checks (issue 23): which targets the prober's thread
+checks (agent/health/prober.py), their results counted into up and down
+(agent/core/health.py's Tracker), and what a transition changes: the planner renders the
+identities it touches at the next sync, and it is logged, counted and (on the Kubernetes
+path) recorded as an Event on the rules behind the backend.
+
+The prober never waits on the loop (a lock held for a dict update), and the loop never
+waits on a check."""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+from typing import Any, Callable, Collection, Protocol
+
+import structlog
+
+from agent.core.health import State, Target, Tracker
+
+log = structlog.get_logger()
+
+
+class Probes(Protocol):
+    """agent/health/prober.py's Prober (in unit tests, a fake)."""
+
+    @property
+    def stretch(self) -> float: ...
+    def set_targets(self, targets: Collection[Target]) -> None: ...
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+Transition = tuple[Target, State]  # a target whose state just changed, and that state
+
+
+class HealthChecks:
+    """Feeds the prober its targets and counts its results as they come, in the prober's
+    thread (result()): only a transition wakes the loop, which calls follow(), drain(),
+    down() and snapshot(). At 40,000 targets a second, waking the loop per result would
+    cost it more than the checks themselves."""
+
+    def __init__(self, prober: Callable[[Callable[[Target, bool, str], None]], Probes],
+                 clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self.wake: Callable[[], None] = lambda: None  # the loop's waker (set by the loop)
+        self._lock = threading.Lock()
+        self.tracker = Tracker(clock())
+        self._transitions: list[Transition] = []
+        self.prober = prober(self.result)
+        self.failing_open: list[str] = []  # identities whose every backend is down (the loop sets it)
+
+    def result(self, target: Target, passed: bool, reason: str) -> None:
+        """A check's result (the prober's thread)."""
+        with self._lock:
+            changed = self.tracker.observe(target, passed, reason, self.clock())
+            if changed:
+                self._transitions.append((target, replace(self.tracker.states[target])))
+        if changed:
+            self.wake()
+
+    def follow(self, targets: Collection[Target]) -> None:
+        """Check exactly these targets (after a sync changed them)."""
+        wanted = frozenset(targets)
+        with self._lock:
+            self.tracker.keep(wanted)
+        self.prober.set_targets(wanted)
+
+    def drain(self) -> list[Transition]:
+        """The transitions since the last drain, in order."""
+        with self._lock:
+            found, self._transitions = self._transitions, []
+        return found
+
+    def counts(self) -> tuple[int, int]:
+        """Targets up, targets down."""
+        with self._lock:
+            down = sum(1 for s in self.tracker.states.values() if not s.up)
+            return len(self.tracker.states) - down, down
+
+    def down(self) -> frozenset[Target]:
+        with self._lock:
+            return self.tracker.down()
+
+    def snapshot(self) -> dict[str, Any]:
+        """For `natgw-agent show` (the status socket's thread): every target's state, since
+        when, its last failure; and how far the CPU budget stretched the intervals."""
+        with self._lock:
+            held = [(t, replace(s)) for t, s in self.tracker.states.items()]
+        rows = []
+        for (backend, check), state in sorted(held, key=lambda item: (str(item[0][0]), str(item[0][1]))):
+            row: dict[str, Any] = {"backend": str(backend), "check": str(check), "up": state.up, "since": state.since,
+                                   "checks": state.checks}
+            if state.last_failure:
+                row.update(lastFailure=state.last_failure, failedAt=state.failed_at)
+            rows.append(row)
+        return {"stretch": self.prober.stretch, "targets": rows, "failOpen": list(self.failing_open)}

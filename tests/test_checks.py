@@ -1,0 +1,155 @@
+"""Health checks, the pure half (agent/core/health.py) and what the planner does with a
+down backend (agent/run/planner.py): the annotation's grammar and its errors, rise and
+fall, fail open, and the rendered table without the backend that is down."""
+from __future__ import annotations
+
+import pytest
+
+from agent.core.desired import ListCatalog
+from agent.core.health import ANNOTATION, DEFAULT, FIELD, Check, Tracker, parse, target, usable
+from agent.core.model import Backend, manifest
+from agent.kernel.caps import UNPROBED
+from agent.run.planner import Planner
+from agent.settings import Settings
+
+B1, B2, B3 = Backend("10.0.1.11", 8080), Backend("10.0.1.12", 8080), Backend("10.0.1.13", 8080)
+
+
+def test_an_empty_annotation_takes_the_default_for_tcp_and_none_for_udp() -> None:
+    assert parse("", "tcp") == DEFAULT
+    assert parse("", "udp") is None
+    assert parse("", "tcp", None) is None  # settings.health_checks off
+    assert parse("off", "tcp") is None
+
+
+def test_the_annotation_sets_kind_and_values() -> None:
+    check = parse("http path=/healthz status=204 interval=2s timeout=500ms rise=1 fall=5 port=8081", "tcp")
+    assert check == Check("http", 2.0, 0.5, 1, 5, "/healthz", 204, 8081)
+    assert parse("interval=3", "udp") == Check(interval=3.0)  # a UDP backend checked only when asked
+    assert parse("tcp", "tcp", Check(interval=5.0)) == Check(interval=5.0)  # unset values from the default
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("ping", "is not off, tcp or http"),
+    ("tcp interval=0", "not a duration"),
+    ("tcp interval=2h", "not a duration"),
+    ("tcp rise=0", "not an integer in 1..100"),
+    ("tcp status=200", "for http checks"),
+    ("http path=healthz", "absolute path"),
+    ("tcp path=/x", "absolute path"),
+    ("tcp fall=3 fall=4", "given once"),
+    ("tcp colour=blue", "is not one of"),
+    ("tcp interval=1 timeout=2", "longer than interval"),
+])
+def test_a_bad_annotation_says_why(text: str, reason: str) -> None:
+    with pytest.raises(ValueError, match=reason):
+        parse(text, "tcp")
+
+
+def test_rise_and_fall_count_results_in_a_row_and_an_alternating_backend_does_not_flap() -> None:
+    t = target(B1, DEFAULT)
+    tracker = Tracker(now=0.0)
+    tracker.keep([t])
+    assert [tracker.observe(t, False, "refused", n) for n in (1, 2, 3)] == [False, False, True]
+    assert tracker.down() == {t} and tracker.states[t].since == 3 and tracker.states[t].last_failure == "refused"
+    assert [tracker.observe(t, True, "", n) for n in (4, 5)] == [False, True]
+    assert not tracker.down()
+    flips = [tracker.observe(t, n % 2 == 0, "" if n % 2 == 0 else "refused", n) for n in range(6, 40)]
+    assert not any(flips) and not tracker.down()  # one failure in two never makes three in a row
+    tracker.keep([])
+    assert tracker.observe(t, False, "x", 50) is False and not tracker.states  # a dropped target is forgotten
+
+
+def test_a_check_on_another_port_is_its_own_target() -> None:
+    assert target(B1, Check(port=9000)) == (Backend("10.0.1.11", 9000), Check(port=9000))
+
+
+def test_usable_leaves_out_what_is_down_but_never_everything() -> None:
+    down = frozenset({target(B2, DEFAULT)})
+    assert usable((B1, B2, B3), (DEFAULT,) * 3, down) == (B1, B3)
+    assert usable((B1, B2, B3), (DEFAULT, None, DEFAULT), down) == (B1, B2, B3)  # B2 unchecked here
+    all_down = frozenset(target(b, DEFAULT) for b in (B1, B2, B3))
+    assert usable((B1, B2, B3), (DEFAULT,) * 3, all_down) == (B1, B2, B3)  # fail open
+
+
+def _objects(*rules: tuple[str, Backend, str | None]) -> ListCatalog:
+    eip = {"kind": "IptablesEIP", "metadata": {"name": "e"}, "spec": {"v4ip": "172.18.0.10", "natGwDp": "gw1"}}
+    docs = [eip]
+    for name, backend, note in rules:
+        meta: dict[str, object] = {"name": name}
+        if note is not None:
+            meta["annotations"] = {ANNOTATION: note}
+        docs.append({"kind": "IptablesDnatRule", "metadata": meta,
+                     "spec": {"eip": "e", "externalPort": "80", "protocol": "tcp", "internalIp": backend.ip,
+                              "internalPort": str(backend.port), "type": "share"}})
+    return ListCatalog([m for d in docs if (m := manifest(d)) is not None])
+
+
+def test_a_bad_annotation_refuses_its_rule_naming_the_field_and_nothing_else() -> None:
+    planner = Planner(Settings(gateway="gw1"), UNPROBED)
+    planner.whole(_objects(("r1", B1, None), ("r2", B2, "tcp fall=many")), None)
+    (err,) = planner.state.errors
+    assert (err.name, err.field) == ("r2", FIELD) and "fall='many'" in err.reason
+    assert [s.backends for s in planner.state.services.values()] == [(B1,)]
+
+
+def _backends_rendered(change) -> set[Backend]:  # type: ignore[no-untyped-def]
+    return {e for name, elems in change.wanted.elements.items() if name.startswith("backend_") for e in elems.values()}
+
+
+def test_a_down_backend_leaves_the_rendered_table_and_its_identity_is_rendered_again() -> None:
+    planner = Planner(Settings(gateway="gw1"), UNPROBED)
+    catalog = _objects(("r1", B1, None), ("r2", B2, None), ("r3", B3, "off"))
+    full = planner.whole(catalog, None)
+    assert _backends_rendered(full) == {B1, B2, B3}
+    assert set(planner.targets) == {target(B1, DEFAULT), target(B2, DEFAULT)} and planner.targets_changed
+    planner.commit(full)
+    assert planner.set_down(frozenset({target(B2, DEFAULT)})) == 1
+    again = planner.partial(catalog, [], full.wanted)
+    assert _backends_rendered(again) == {B1, B3}
+    assert planner.backends(next(iter(planner.state.services))) == (B1, B2, B3)  # conntrack keeps B2's flows
+    assert planner.failing_open() == []
+    planner.commit(again)
+    assert planner.set_down(frozenset({target(B1, DEFAULT), target(B2, DEFAULT)})) == 1
+    assert _backends_rendered(planner.partial(catalog, [], full.wanted)) == {B3}  # B3 is not checked
+    assert planner.failing_open() == []
+    # With B3 checked too and all three down, all three stay.
+    catalog = _objects(("r1", B1, None), ("r2", B2, None), ("r3", B3, None))
+    planner.set_down(frozenset(target(b, DEFAULT) for b in (B1, B2, B3)))
+    assert _backends_rendered(planner.whole(catalog, None)) == {B1, B2, B3}
+    assert [str(i) for i in planner.failing_open()] == ["172.18.0.10:80/tcp"]
+
+
+class _FakeProber:
+    stretch = 1.0
+
+    def __init__(self, report) -> None:  # type: ignore[no-untyped-def]
+        self.report = report
+        self.targets: frozenset = frozenset()
+
+    def set_targets(self, targets) -> None:  # type: ignore[no-untyped-def]
+        self.targets = frozenset(targets)
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+def test_results_are_counted_where_they_arrive_and_only_a_transition_wakes_the_loop() -> None:
+    from agent.run.checks import HealthChecks
+
+    wakes: list[int] = []
+    checks = HealthChecks(_FakeProber, clock=lambda: 100.0)
+    checks.wake = lambda: wakes.append(1)
+    t = target(B1, DEFAULT)
+    checks.follow([t])
+    assert checks.prober.targets == {t}
+    for _ in range(2):
+        checks.prober.report(t, False, "connection refused")
+    assert not wakes and checks.drain() == []
+    checks.prober.report(t, False, "connection refused")
+    assert len(wakes) == 1
+    ((which, state),) = checks.drain()
+    assert which == t and not state.up and checks.down() == {t} and checks.counts() == (0, 1)
+    (row,) = checks.snapshot()["targets"]
+    assert row == {"backend": "10.0.1.11:8080", "check": str(DEFAULT), "up": False, "since": 100.0, "checks": 3,
+                   "lastFailure": "connection refused", "failedAt": 100.0}
