@@ -2,7 +2,8 @@
 its identities' choice within 5 s and comes back within 5 s of answering again; a pinned
 ClientIP client moves once and sticks; a check switched off by annotation changes
 nothing; an http check on a backend answering 500 takes it out; a backend that does not
-complete the handshake within the timeout is down; when every backend is down, all stay.
+complete the handshake within the timeout is down; when every backend is down, all stay;
+a restarted agent keeps out what it had found down.
 
 Each backend runs servers of the test's own beside the lab's, so the test can kill and
 restart one: `lab.traffic serve` on :8081 (the identities' backends) and a small HTTP
@@ -15,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-from gwtest import BACKENDS, CLIENTS, EIP, ROOT, eip_doc, ns_run, program, rule_doc, wait_for, yaml_docs
+from gwtest import BACKENDS, CLIENTS, EIP, ROOT, agent_status, eip_doc, ns_run, program, rule_doc, wait_for, yaml_docs
 
 SERVED, HTTP = 8081, 8082
 WEB, APP, OFF, CHECKED_HTTP = 80, 443, 81, 82
@@ -110,9 +111,16 @@ def test_backends_leave_when_their_checks_fail_and_come_back(lab, agent):
     assert moved["failed"] == 0, moved
     assert all(len(seen) == 1 and "b2" not in seen for seen in moved["by_source"].values()), moved["by_source"]
 
+    # A restarted agent remembers what it found down: b2 stays out from its first sync on.
+    assert agent.stop() == 0
+    agent.start()
+    wait_for(lambda: (agent_status(agent) or {}).get("ready"), 10, 0.05, what="the restarted agent ready")
+    assert "b2" not in backends(agent)[WEB]
+
     # Restored: back within 5 s.
     servers["b2"] = serve(lab, "b2")
-    timed(lambda: "b2" in backends(agent)[WEB], 5, "restored b2 to return")
+    back = timed(lambda: "b2" in backends(agent)[WEB], 5, "restored b2 to return")
+    print(f"dead b2 out of the choice in {took:.1f} s after its server died, back {back:.1f} s after it restarted")
     assert lab.tcp_connect(EIP, WEB, 60)["by_backend"]["b2"] > 0
 
     # A backend that does not complete the handshake within the timeout (its SYNs dropped,

@@ -153,3 +153,37 @@ def test_results_are_counted_where_they_arrive_and_only_a_transition_wakes_the_l
     (row,) = checks.snapshot()["targets"]
     assert row == {"backend": "10.0.1.11:8080", "check": str(DEFAULT), "up": False, "since": 100.0, "checks": 3,
                    "lastFailure": "connection refused", "failedAt": 100.0}
+
+
+def test_metrics_count_transitions_and_keep_a_down_series_only_while_down() -> None:
+    from agent.ops.metrics import Metrics
+
+    m = Metrics()
+    m.health_transition("10.0.1.11:8080", str(DEFAULT), up=False)
+    m.health_targets(2.5, 3, 1)
+    text = m.exposition().decode()
+    assert 'natgw_backend_down{backend="10.0.1.11:8080"' in text
+    assert 'natgw_health_transitions_total{to="down"} 1.0' in text
+    assert 'natgw_health_targets{state="down"} 1.0' in text and "natgw_health_interval_stretch 2.5" in text
+    m.health_transition("10.0.1.11:8080", str(DEFAULT), up=True)
+    m.health_transition("10.0.1.12:8080", str(DEFAULT), up=True)  # down before a restart: no series to remove
+    text = m.exposition().decode()
+    assert "natgw_backend_down{" not in text and 'natgw_health_transitions_total{to="up"} 2.0' in text
+
+
+def test_a_restarted_agent_starts_with_what_the_last_run_found_down(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from agent.run.checks import HealthChecks
+
+    path = tmp_path / "health-down.json"
+    first = HealthChecks(_FakeProber, remember=path)
+    http = target(B2, Check("http", port=9000))
+    first.follow([target(B1, DEFAULT), http])
+    for _ in range(3):
+        first.prober.report(http, False, "HTTP 500 (want 200)")
+    first.drain()
+    again = HealthChecks(_FakeProber, remember=path)
+    assert again.down() == {http}  # before any check, and before the first sync asks
+    again.follow([target(B1, DEFAULT)])  # no longer configured: forgotten
+    assert again.down() == frozenset()
+    path.write_text("[[1, 2]]")
+    assert HealthChecks(_FakeProber, remember=path).down() == frozenset()  # a broken file is ignored, said

@@ -121,12 +121,14 @@ class State:
 
 
 class Tracker:
-    """Rise and fall over each target's results. The loop's thread only (results come from
-    the prober's thread through a queue)."""
+    """Rise and fall over each target's results (agent/run/checks.py serialises the calls).
+    `down`: targets a previous run of the agent had found down; they start down (and need
+    `rise` passes), so a restarted agent does not send connections to a dead backend for
+    the `fall` checks it would take to find out again."""
 
-    def __init__(self, now: float) -> None:
+    def __init__(self, now: float, down: Iterable[Target] = ()) -> None:
         self.started = now
-        self.states: dict[Target, State] = {}
+        self.states: dict[Target, State] = {t: State(up=False, since=now) for t in down}
 
     def keep(self, targets: Iterable[Target]) -> None:
         """Track exactly these targets: new ones start up, gone ones are forgotten."""
@@ -155,6 +157,23 @@ class Tracker:
 
     def down(self) -> frozenset[Target]:
         return frozenset(t for t, s in self.states.items() if not s.up)
+
+
+def dump(down: Iterable[Target]) -> list[list[object]]:
+    """Down targets as JSON: [ip, port, kind, interval, timeout, rise, fall, path, status, check port]."""
+    return sorted([b.ip, b.port, c.kind, c.interval, c.timeout, c.rise, c.fall, c.path, c.status, c.port]
+                  for b, c in down)
+
+
+def load(rows: Iterable[list[object]], backend: type) -> list[Target]:
+    """dump()'s rows back as targets (`backend`: model.Backend); ValueError if malformed."""
+    try:
+        return [(backend(str(ip), int(port)), Check(str(kind), float(interval), float(timeout), int(rise),  # type: ignore[arg-type]
+                                                    int(fall), str(path), int(status),  # type: ignore[arg-type]
+                                                    None if cport is None else int(cport)))  # type: ignore[arg-type]
+                for ip, port, kind, interval, timeout, rise, fall, path, status, cport in rows]
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"not a list of down targets: {err}") from None
 
 
 def usable(backends: tuple[Backend, ...], checks: tuple[Check | None, ...],

@@ -8,14 +8,17 @@ The prober never waits on the loop (a lock held for a dict update), and the loop
 waits on a check."""
 from __future__ import annotations
 
+import json
 import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Callable, Collection, Protocol
 
 import structlog
 
-from agent.core.health import State, Target, Tracker
+from agent.core.health import State, Target, Tracker, dump, load
+from agent.core.model import Backend
 
 log = structlog.get_logger()
 
@@ -40,11 +43,12 @@ class HealthChecks:
     cost it more than the checks themselves."""
 
     def __init__(self, prober: Callable[[Callable[[Target, bool, str], None]], Probes],
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, remember: Path | None = None) -> None:
         self.clock = clock
         self.wake: Callable[[], None] = lambda: None  # the loop's waker (set by the loop)
         self._lock = threading.Lock()
-        self.tracker = Tracker(clock())
+        self.remember = remember  # where the down targets are kept for the next run (the state directory)
+        self.tracker = Tracker(clock(), self._recall())
         self._transitions: list[Transition] = []
         self.prober = prober(self.result)
         self.failing_open: list[str] = []  # identities whose every backend is down (the loop sets it)
@@ -66,10 +70,31 @@ class HealthChecks:
         self.prober.set_targets(wanted)
 
     def drain(self) -> list[Transition]:
-        """The transitions since the last drain, in order."""
+        """The transitions since the last drain, in order (and the down targets kept for
+        the next run, when there were any)."""
         with self._lock:
             found, self._transitions = self._transitions, []
+            down = self.tracker.down() if found else None
+        if down is not None and self.remember is not None:
+            try:
+                tmp = self.remember.with_suffix(".tmp")
+                tmp.write_text(json.dumps(dump(down)))
+                tmp.replace(self.remember)
+            except OSError as err:
+                log.warning("cannot keep the down backends for the next run", path=str(self.remember), error=str(err))
         return found
+
+    def _recall(self) -> list[Target]:
+        """The targets the previous run had down (in a pod: the agent restarted in place)."""
+        if self.remember is None:
+            return []
+        try:
+            return load(json.loads(self.remember.read_text()), Backend)
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError) as err:
+            log.warning("forgetting what a previous run found down", path=str(self.remember), error=str(err))
+            return []
 
     def counts(self) -> tuple[int, int]:
         """Targets up, targets down."""

@@ -85,7 +85,8 @@ def health_checks(settings: Settings) -> HealthChecks:
     settings.health_checks off: a rule's annotation may still ask for one."""
     from agent.health.prober import Prober
 
-    return HealthChecks(lambda report: Prober(report, budget=settings.health_cpu_budget))
+    return HealthChecks(lambda report: Prober(report, budget=settings.health_cpu_budget),
+                        remember=settings.state_dir / "health-down.json")
 
 
 def run(settings: Settings) -> int:

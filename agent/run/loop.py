@@ -224,6 +224,7 @@ class Loop:
         if self.checks is not None:
             self.checks.wake = self.waker.wake
             self.checks.prober.start()
+            self.reconciler.health_down(self.checks.down())  # what a previous run found down, from the first sync
         try:
             while not self.stop.is_set():
                 self.turn(selector, attached or source_fd is not None)
