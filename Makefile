@@ -15,7 +15,7 @@ SID_ROOT ?= /var/tmp/natgw-agent-sid
 SID_VENV := .venv-sid
 
 .PHONY: deps run image test test-here test-image test-debian13 test-sid unit netns bench bench-busy bench-busy-debian13 bench-busy-report \
-	bench-cleanup bench-cleanup-report bench-footprint clean
+	bench-cleanup bench-cleanup-report bench-footprint bench-checks clean
 
 # Debian packages (the nftables binding is only packaged by the distro), then a virtualenv
 # made from the distro Python with system site packages so it sees that binding.
@@ -117,7 +117,10 @@ bench: deps
 	footprint=; \
 	$(MAKE) --no-print-directory bench-footprint || footprint=" footprint FAILED"; \
 	if [ -n "$$footprint" ]; then echo "make bench:$$footprint" >&2; fi; \
-	[ -z "$$failed$$cleanup$$footprint" ]
+	checks=; \
+	$(MAKE) --no-print-directory bench-checks || checks=" health checks FAILED"; \
+	if [ -n "$$checks" ]; then echo "make bench:$$checks" >&2; fi; \
+	[ -z "$$failed$$cleanup$$footprint$$checks" ]
 
 # The busy neighbour benchmark on whatever system make runs on; its JSON into BUSY_JSON
 # (progress on stderr).
@@ -155,6 +158,16 @@ bench-footprint: deps
 	@mkdir -p $(dir $(FOOTPRINT_JSON)) && rm -f $(FOOTPRINT_JSON)
 	$(PY) -m bench.footprint --baseline $(FOOTPRINT_BASELINE) --json $(FOOTPRINT_JSON) >/dev/null
 	$(PY) -m bench.footprint_report $(FOOTPRINT_JSON)
+
+# The health checks' cost (issue 23; bench/checks.py, about 10 minutes): the agent's CPU at
+# 10,000 identities x 4 answering backends with checks off and on, at 100 x 4, and with a
+# quarter of the backends refusing; checks a second, the stretch, a sync while they run.
+# Then its section of BENCHMARKS.md.
+CHECKS_JSON ?= build/bench-checks.json
+bench-checks: deps
+	@mkdir -p $(dir $(CHECKS_JSON)) && rm -f $(CHECKS_JSON)
+	$(PY) -m bench.checks --json $(CHECKS_JSON) >/dev/null
+	$(PY) -m bench.checks_report $(CHECKS_JSON)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

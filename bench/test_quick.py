@@ -379,3 +379,69 @@ def test_the_memory_probe_answers_for_code_without_a_memory_query(tmp_path: Path
         proc.wait()
     assert report["rss_kib"] > 0 and report["python"]["traced_kib"] >= 20000 * 1000 // 1024
     assert report["python"]["by_file"][0]["file"] == "<string>"  # the list above, allocated by the -c code
+
+
+# --- the health checks benchmark (bench/checks.py), small ------------------------------------
+
+@pytest.fixture(scope="module")
+def checks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    assert os.geteuid() == 0, "the benchmark needs root (network namespaces, nftables)"
+    raw = tmp_path_factory.mktemp("checks") / "checks.json"
+    proc, stdout, stderr = _run_module("bench.checks", "--quick", "--json", str(raw))
+    assert proc.returncode == 0 and raw.exists(), stderr[-3000:]
+    res = json.loads(raw.read_text())
+    assert json.loads(stdout) == res
+    return res
+
+
+def test_checks_ran_as_often_as_their_stretch_says_and_said_so(checks: dict[str, Any]) -> None:
+    from bench.checks import QUICK
+
+    off, on, small = checks["cases"]
+    assert [(c["label"], c["n"], c["checks_on"]) for c in checks["cases"]] == [
+        ("off", QUICK.n, False), ("on", QUICK.n, True), ("small", QUICK.small, True)]
+    assert off["show"]["targets"] == 0  # --no-health-checks: nothing checked
+    for c in (on, small):
+        targets = c["n"] * ids_mod.BACKENDS
+        assert c["targets"] == c["show"]["targets"] == targets
+        assert c["down"] == 0 and c["fail_open"] == 0  # the listener answered every backend: the checks passed
+        assert c["stretch"] >= 1.0 and c["stretch_start"] >= 1.0
+        # as often as the stretch says, within a factor (it may restretch within the window)
+        assert c["checks"] > 0 and 0.5 <= c["checks_per_s"] / c["expected_per_s"] <= 2.0, c
+        if max(c["stretch"], c["stretch_start"]) > 1.0:  # stretched: the agent said so
+            assert c["warned"]["times"] >= 1 and c["warned"]["last_stretch"] > 1.0
+    assert on["cpu_ticks"] > off["cpu_ticks"]  # the checks' work was in the process measured
+    assert on["loop_cpu_percent"] < on["cpu_percent"] - on["loop_cpu_percent"]  # and not on the loop's thread
+
+
+def test_checks_agent_stayed_responsive_and_synced_a_change(checks: dict[str, Any]) -> None:
+    import math
+
+    for c in checks["cases"]:
+        assert c["alive"] and c["agent_pid_measured"]  # the CPU read is the agent's own process
+        assert c["show"]["rc"] == 0  # `show --json` answered after the window
+        assert c["sync"]["logged_s"] is not None and c["sync"]["commands"] > 0  # the change was programmed
+        assert math.isfinite(c["cpu_percent"]) and c["cpu_percent"] >= 0 and c["window_s"] > 0
+    assert math.isfinite(checks["extra_cpu_percent"])
+
+
+def test_checks_section_is_written_into_the_report(checks: dict[str, Any], tmp_path: Path) -> None:
+    from bench import checks_report
+
+    md = tmp_path / "BENCHMARKS.md"
+    md.write_text("# natgw-agent benchmarks\n\n## Busy neighbour\n\nkept\n")
+    results = tmp_path / "checks.json"
+    results.write_text(json.dumps(checks))
+    for _ in range(2):  # written again, it replaces itself
+        assert checks_report.main([str(results), "--out", str(md)]) == 0
+    text = md.read_text()
+    assert text.count(checks_report.HEADING + "\n") == 1 and "## Busy neighbour\n\nkept" in text
+    section = report.section_of(text, checks_report.HEADING)
+    rows = [line for line in section.splitlines() if line.startswith("| ")]
+    assert len(rows) == 1 + 14 and all(line.count(" | ") == len(checks["cases"]) for line in rows)
+    assert "FAILED" not in section and "NOT logged" not in section
+
+
+def test_checks_left_no_namespace_behind(checks: dict[str, Any]) -> None:
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    assert not [line for line in listed.splitlines() if line.startswith(f"nb{checks['pid']}-")]

@@ -279,9 +279,19 @@ def bucket_changes(these: Mapping[ElemKey, Any], others: Mapping[ElemKey, Any], 
             continue
         theirs = others.get(k)
         theirs = theirs if type(theirs) is Buckets else ()
+        # One [key, verdict] list per verdict the identity has, shared by its buckets: an
+        # identity of N backends has N verdicts in 61 buckets (10,000 ClientIP identities x 4:
+        # 40,000 lists, not 610,000, 50 MB less at the peak of a full sync).
+        pairs: dict[int, list[Any]] = {}
         for b, v in enumerate(mine):
             if v is not None and (b >= len(theirs) or theirs[b] != v):
-                found.setdefault(b, []).append([key(k), v] if entries else key(k))
+                if entries:
+                    entry = pairs.get(id(v))
+                    if entry is None:
+                        entry = pairs[id(v)] = [key(k), v]
+                else:
+                    entry = key(k)
+                found.setdefault(b, []).append(entry)
     return found
 
 
