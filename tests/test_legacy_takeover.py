@@ -11,6 +11,8 @@ import hashlib
 import json
 from typing import Any, NamedTuple
 
+import pytest
+
 from agent.core.legacy import LEGACY_TABLE, takeover_commands
 from agent.core.ruleset import EMPTY, ElemKey, Ruleset
 from tests.builders import ROOT
@@ -161,7 +163,7 @@ def test_nothing_without_a_legacy_table_or_a_served_identity_in_it() -> None:
     assert takeover_commands(legacy_table(loaded(WEB)), []) == []
 
 
-def test_legacy_objects_added_while_the_agent_did_not_listen_are_taken_over() -> None:
+def test_legacy_objects_added_while_the_agent_did_not_listen_are_taken_over(monkeypatch: pytest.MonkeyPatch) -> None:
     """The script re-adds a served identity while a large sync runs deaf (agent/kernel/view.py:
     nothing heard, only that someone committed): the drift check looks at the legacy
     table too, and asks for the full sync that takes it over again."""
@@ -170,6 +172,7 @@ def test_legacy_objects_added_while_the_agent_did_not_listen_are_taken_over() ->
     from tests.fakenft import edges, wired
     from tests.sources import Store
 
+    monkeypatch.setattr("agent.run.reconcile.LARGE_TRANSACTION", 0)  # this one sync is large
     store = Store()
     store.put(eip("eip-web", EIP))
     store.put(rule("web", 80, "10.0.1.11"))

@@ -6,6 +6,7 @@ import threading
 import time
 from typing import Any
 
+import pytest
 import structlog
 
 from agent.ops.health import Health
@@ -225,12 +226,13 @@ def test_a_notification_while_a_sync_waits_does_not_make_the_loop_spin() -> None
 
 
 
-def test_what_others_did_while_the_view_was_deaf_is_repaired_though_nothing_wakes_the_loop() -> None:
+def test_what_others_did_while_the_view_was_deaf_is_repaired_though_nothing_wakes_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     """The first sync is large (deaf: agent/kernel/view.py); someone flushes one of the agent's
     chains in that window. No notification comes for it, nor anything after: the loop
     still checks for drift, reads back and repairs."""
     from agent.run.loop import Loop, StopEvent
 
+    monkeypatch.setattr("agent.run.reconcile.LARGE_TRANSACTION", 0)  # this one sync is large
     source = world()
     backend = FakeNft()
     nft, view = edges(backend)

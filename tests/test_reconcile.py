@@ -113,10 +113,11 @@ def test_only_others_changes_to_the_agents_table_are_drift() -> None:
 
 
 
-def test_what_others_commit_while_a_large_sync_does_not_listen_is_read_back_and_repaired() -> None:
+def test_what_others_commit_while_a_large_sync_does_not_listen_is_read_back_and_repaired(monkeypatch: pytest.MonkeyPatch) -> None:
     """A large transaction runs with the view deaf (the kernel then builds no
     notifications): another's commit in that window is not heard, only known of, and the
     next drift check reads the table back and repairs it."""
+    monkeypatch.setattr("agent.run.reconcile.LARGE_TRANSACTION", 0)  # this one sync is large
     store = Store()
     store.put(eip("eip-a", "172.18.0.10"))
     store.put(rule("r", 80, "10.0.1.1", eip_name="eip-a"))
@@ -133,7 +134,7 @@ def test_what_others_commit_while_a_large_sync_does_not_listen_is_read_back_and_
         return out
 
     backend.json_cmd = then_someone_else  # type: ignore[method-assign]
-    reconciler.sync(store, None)  # two transactions (text, JSON): large, so deaf
+    reconciler.sync(store, None)  # large, so deaf
     clean = FakeNft()
     wired(SETTINGS, *edges(clean)).sync(store, None)
     assert reconciler.view.deaf_windows == 1 and backend.dump() != clean.dump()
