@@ -72,7 +72,8 @@ def test_usable_leaves_out_what_is_down_but_never_everything() -> None:
     assert usable((B1, B2, B3), (DEFAULT,) * 3, all_down) == (B1, B2, B3)  # fail open
 
 
-def _objects(*rules: tuple[str, Backend, str | None]) -> ListCatalog:
+def _objects(*rules: tuple[str, Backend, str | None], port: dict[str, int] | None = None) -> ListCatalog:
+    """Share rules of one EIP, on port 80 unless `port` (rule name -> port) says otherwise."""
     eip = {"kind": "IptablesEIP", "metadata": {"name": "e"}, "spec": {"v4ip": "172.18.0.10", "natGwDp": "gw1"}}
     docs = [eip]
     for name, backend, note in rules:
@@ -80,8 +81,8 @@ def _objects(*rules: tuple[str, Backend, str | None]) -> ListCatalog:
         if note is not None:
             meta["annotations"] = {ANNOTATION: note}
         docs.append({"kind": "IptablesDnatRule", "metadata": meta,
-                     "spec": {"eip": "e", "externalPort": "80", "protocol": "tcp", "internalIp": backend.ip,
-                              "internalPort": str(backend.port), "type": "share"}})
+                     "spec": {"eip": "e", "externalPort": str((port or {}).get(name, 80)), "protocol": "tcp",
+                              "internalIp": backend.ip, "internalPort": str(backend.port), "type": "share"}})
     return ListCatalog([m for d in docs if (m := manifest(d)) is not None])
 
 
@@ -118,6 +119,29 @@ def test_a_down_backend_leaves_the_rendered_table_and_its_identity_is_rendered_a
     planner.set_down(frozenset(target(b, DEFAULT) for b in (B1, B2, B3)))
     assert _backends_rendered(planner.whole(catalog, None)) == {B1, B2, B3}
     assert [str(i) for i in planner.failing_open()] == ["172.18.0.10:80/tcp"]
+
+
+def test_which_identities_a_target_serves_follows_partial_changes() -> None:
+    """The planner's index from target to identities (built at the first health change,
+    then kept in step): what a transition re-renders, fails open and names in its Events."""
+    planner = Planner(Settings(gateway="gw1"), UNPROBED)
+    ports = {"b1": 81, "b2": 81}
+    full = planner.whole(_objects(("a1", B1, None), ("a2", B3, None), ("b1", B1, None), ("b2", B2, None), port=ports),
+                         None)
+    planner.commit(full)
+    t1, t2, t3 = (target(b, DEFAULT) for b in (B1, B2, B3))
+    assert planner.set_down(frozenset({t1})) == 2  # B1 serves both identities
+    assert planner.rules_checking([t1, t2]) == {t1: ["a1", "b1"], t2: ["b2"]}
+    changed = _objects(("a1", B1, None), ("a2", B3, None), ("b1", B1, None), ("b2", B3, None), port=ports)
+    planner.commit(planner.partial(changed, [("IptablesDnatRule", "b2")], full.wanted))
+    assert planner.set_down(frozenset({t1, t2})) == 0  # B2 serves nothing now
+    assert planner.rules_checking([t3]) == {t3: ["a2", "b2"]}
+    assert planner.set_down(frozenset({t1, t3})) == 2
+    assert [str(i) for i in planner.failing_open()] == ["172.18.0.10:80/tcp", "172.18.0.10:81/tcp"]
+    planner.commit(planner.partial(_objects(("a1", B1, None), ("a2", B3, None), ("b1", B1, None), ("b2", B2, None),
+                                            port=ports), [("IptablesDnatRule", "b2")], full.wanted))
+    assert [str(i) for i in planner.failing_open()] == ["172.18.0.10:80/tcp"]  # :81 has B2 up again
+    assert planner.rules_checking([t3]) == {t3: ["a2"]}
 
 
 class _FakeProber:
@@ -181,8 +205,17 @@ def test_a_restarted_agent_starts_with_what_the_last_run_found_down(tmp_path) ->
     for _ in range(3):
         first.prober.report(http, False, "HTTP 500 (want 200)")
     first.drain()
+    assert not path.exists()  # written by the loop's keep_down, not by drain
+    first.keep_down(100.0)
+    first.prober.report(target(B1, DEFAULT), False, "refused")  # one more, within KEEP_EVERY: not yet written
+    first.prober.report(target(B1, DEFAULT), False, "refused")
+    first.prober.report(target(B1, DEFAULT), False, "refused")
+    first.drain()
+    first.keep_down(101.0)
     again = HealthChecks(_FakeProber, remember=path)
     assert again.down() == {http}  # before any check, and before the first sync asks
+    first.keep_down(102.0, force=True)  # the loop's end
+    assert HealthChecks(_FakeProber, remember=path).down() == {http, target(B1, DEFAULT)}
     again.follow([target(B1, DEFAULT)])  # no longer configured: forgotten
     assert again.down() == frozenset()
     path.write_text("[[1, 2]]")

@@ -327,3 +327,42 @@ def test_an_idle_loop_sleeps_past_the_wedge_limit_and_is_live_when_asked() -> No
     finally:
         loop.stop.set()
         thread.join(5)
+
+
+def test_health_transitions_that_come_together_are_handled_together() -> None:
+    """Transitions wait up to HEALTH_BATCH after the last handling, then go in one batch
+    (one scan, one sync): 10,000 backends failing over a round of checks came as ~400
+    handlings and syncs, one per loop wake."""
+    from agent.core.health import DEFAULT, target
+    from agent.core.model import Backend
+    from agent.run.checks import HealthChecks
+    from agent.run.loop import Loop, StopEvent
+    from tests.test_checks import _FakeProber
+
+    reconciler = wired(FAST, *edges(FakeNft()))
+    checks = HealthChecks(_FakeProber)
+    stop = StopEvent()
+    loop = Loop(FAST, world(), reconciler, stop, checks=checks)
+    thread = threading.Thread(target=loop.run, daemon=True)
+    a, b, c = (target(Backend(f"10.0.1.{11 + n}", 8080), DEFAULT) for n in range(3))
+
+    def fail(*targets: Any) -> None:
+        for _ in range(DEFAULT.fall):
+            for t in targets:
+                checks.prober.report(t, False, "connection refused")
+
+    with structlog.testing.capture_logs() as logs:
+        thread.start()
+        try:
+            wait_until(lambda: checks.prober.targets == {a, b, c})
+            fail(a)
+            wait_until(lambda: reconciler.planner.down == {a})
+            fail(b)
+            time.sleep(0.05)  # a loop handling each as it came would take b alone
+            fail(c)  # both while the batch after a's is not yet due
+            wait_until(lambda: reconciler.planner.down == {a, b, c})
+        finally:
+            stop.set()
+            thread.join(5)
+    handled = [e["transitions"] for e in logs if e["event"] == "health changed the choice"]
+    assert handled == [1, 2]

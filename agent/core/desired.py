@@ -100,12 +100,15 @@ class DesiredState:
     def notes(self) -> list[str]:
         return [self._notes[i] for i in sorted(self._notes)]
 
-    def rules_checking(self, targets: Collection[Target]) -> dict[Target, list[str]]:
-        """The valid rules whose backend each target checks, sorted. A scan of every rule
-        (~10 ms at 40,000): asked once per batch of health transitions, which are rare."""
+    def rules_checking(self, targets: Collection[Target],
+                       among: Collection[Identity] | None = None) -> dict[Target, list[str]]:
+        """The valid rules whose backend each target checks, sorted: among the rules of the
+        identities `among` (None: every rule, a scan of ~10 ms at 40,000)."""
         wanted = set(targets)
+        names = self._results.keys() if among is None else {n for i in among for n in self._members.get(i, ())}
         found: dict[Target, list[str]] = {}
-        for name, rule in self._results.items():
+        for name in names:
+            rule = self._results.get(name)
             if type(rule) is Rule and rule.check is not None and (t := target(rule.backend, rule.check)) in wanted:
                 found.setdefault(t, []).append(name)
         return {t: sorted(names) for t, names in found.items()}

@@ -34,13 +34,14 @@ class Probes(Protocol):
 
 
 Transition = tuple[Target, State]  # a target whose state just changed, and that state
+KEEP_EVERY = 5.0  # seconds between writes of the down targets (monotonic)
 
 
 class HealthChecks:
     """Feeds the prober its targets and counts its results as they come, in the prober's
-    thread (result()): only a transition wakes the loop, which calls follow(), drain(),
-    down() and snapshot(). At 40,000 targets a second, waking the loop per result would
-    cost it more than the checks themselves."""
+    thread (result()): only the first transition since the last drain wakes the loop,
+    which calls follow(), drain(), down() and snapshot(). At 40,000 targets a second,
+    waking the loop per result would cost it more than the checks themselves."""
 
     def __init__(self, prober: Callable[[Callable[[Target, bool, str], None]], Probes],
                  clock: Callable[[], float] = time.time, remember: Path | None = None) -> None:
@@ -52,14 +53,17 @@ class HealthChecks:
         self._transitions: list[Transition] = []
         self.prober = prober(self.result)
         self.failing_open: list[str] = []  # identities whose every backend is down (the loop sets it)
+        self._unkept = False  # transitions since the down targets were last written
+        self._kept_at = -KEEP_EVERY
 
     def result(self, target: Target, passed: bool, reason: str) -> None:
         """A check's result (the prober's thread)."""
         with self._lock:
             changed = self.tracker.observe(target, passed, reason, self.clock())
+            first = changed and not self._transitions
             if changed:
                 self._transitions.append((target, replace(self.tracker.states[target])))
-        if changed:
+        if first:  # the loop then looks when its batch is due (it keeps a timer while any wait)
             self.wake()
 
     def follow(self, targets: Collection[Target]) -> None:
@@ -69,20 +73,39 @@ class HealthChecks:
             self.tracker.keep(wanted)
         self.prober.set_targets(wanted)
 
+    @property
+    def pending(self) -> bool:
+        """Transitions wait for drain() (a list's truth, read without the lock)."""
+        return bool(self._transitions)
+
     def drain(self) -> list[Transition]:
-        """The transitions since the last drain, in order (and the down targets kept for
-        the next run, when there were any)."""
+        """The transitions since the last drain, in order."""
         with self._lock:
             found, self._transitions = self._transitions, []
-            down = self.tracker.down() if found else None
-        if down is not None and self.remember is not None:
-            try:
-                tmp = self.remember.with_suffix(".tmp")
-                tmp.write_text(json.dumps(dump(down)))
-                tmp.replace(self.remember)
-            except OSError as err:
-                log.warning("cannot keep the down backends for the next run", path=str(self.remember), error=str(err))
+        if found:
+            self._unkept = True
         return found
+
+    def keep_due(self) -> float | None:
+        """When keep_down() has something to write (monotonic; None: nothing)."""
+        return self._kept_at + KEEP_EVERY if self._unkept and self.remember is not None else None
+
+    def keep_down(self, now: float, force: bool = False) -> None:
+        """Write the down targets for the next run, if they changed since the last write
+        and it was KEEP_EVERY ago (or `force`: at the end). 10,000 down targets take ~20 ms
+        to write: not at every batch of a mass failure; a kill within KEEP_EVERY of a
+        transition loses only that (the checks find it again)."""
+        if not (self._unkept or self._transitions) or self.remember is None or (
+                not force and now - self._kept_at < KEEP_EVERY):
+            return
+        self._unkept, self._kept_at = False, now
+        down = self.down()
+        try:
+            tmp = self.remember.with_suffix(".tmp")
+            tmp.write_text(json.dumps(dump(down)))
+            tmp.replace(self.remember)
+        except OSError as err:
+            log.warning("cannot keep the down backends for the next run", path=str(self.remember), error=str(err))
 
     def _recall(self) -> list[Target]:
         """The targets the previous run had down (in a pod: the agent restarted in place)."""
@@ -99,8 +122,7 @@ class HealthChecks:
     def counts(self) -> tuple[int, int]:
         """Targets up, targets down."""
         with self._lock:
-            down = sum(1 for s in self.tracker.states.values() if not s.up)
-            return len(self.tracker.states) - down, down
+            return self.tracker.counts()
 
     def down(self) -> frozenset[Target]:
         with self._lock:

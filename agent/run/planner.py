@@ -37,6 +37,10 @@ class Planner:
         self._targets: dict[Identity, tuple[Target, ...]] = {}  # each identity's checks
         self.targets: Counter[Target] = Counter()  # every check the services need, deduplicated
         self.targets_changed = False  # a target came or went since the health checks were told
+        # target -> the identities it checks: built at the first health change, then kept in
+        # step, so a batch of transitions costs what it names, not a scan of 10,000 identities.
+        self._serving: dict[Target, list[Identity]] | None = None
+        self._failing: list[Identity] | None = None  # failing_open()'s answer until down or targets change
         self.renderer = Renderer(settings.affinity_set_size, settings.priority, hairpin_of(settings),
                                  settings.consistent_choice)
 
@@ -70,8 +74,9 @@ class Planner:
         self.down = down
         if not flipped:
             return 0
-        # A scan (~10 ms at 10,000 identities x 4): transitions are rare and come batched.
-        touched = {i for i, ts in self._targets.items() if any(t in flipped for t in ts)}
+        self._failing = None
+        serving = self._index()
+        touched = {i for t in flipped for i in serving.get(t, ())}
         self._dirty |= touched
         return len(touched)
 
@@ -79,23 +84,48 @@ class Planner:
         """Identities whose every backend is down: they keep them all (health.usable)."""
         if not self.down:
             return []
-        return sorted(i for i, ts in self._targets.items()
-                      if all(t in self.down for t in ts) and len(ts) == len(self.state.services[i].backends))
+        if self._failing is None:
+            serving, targets, down = self._index(), self._targets, self.down
+            candidates = {i for t in down for i in serving.get(t, ())}
+            self._failing = sorted(i for i in candidates if all(t in down for t in targets[i])
+                                   and len(targets[i]) == len(self.state.services[i].backends))
+        return self._failing
+
+    def rules_checking(self, targets: Collection[Target]) -> dict[Target, list[str]]:
+        """The valid rules whose backends these targets check (for logs and Events), found
+        through the identities they serve."""
+        serving = self._index()
+        return self.state.rules_checking(targets, {i for t in targets for i in serving.get(t, ())})
+
+    def _index(self) -> dict[Target, list[Identity]]:
+        if self._serving is None:  # ~30 ms at 10,000 identities x 4, once
+            serving: dict[Target, list[Identity]] = {}
+            for i, ts in self._targets.items():
+                for t in ts:
+                    serving.setdefault(t, []).append(i)
+            self._serving = serving
+        return self._serving
 
     def _count_targets(self, identities: Collection[Identity] | None) -> None:
         """Keep `targets` in step with the services (None: all of them changed), and
         `targets_changed` true once a target came or went."""
+        self._failing = None
         if identities is None:  # in one pass, C's counting: ~20 ms at 10,000 x 4 (a loop took 60)
             self._targets = {i: ts for i, s in self.state.services.items() if (ts := _targets_of(s))}
             self.targets = Counter(t for ts in self._targets.values() for t in ts)
             self.targets_changed = True
+            self._serving = None
             return
-        counts = self.targets
+        counts, serving = self.targets, self._serving
         for identity in identities:
             for t in self._targets.pop(identity, ()):
                 counts[t] -= 1
+                if serving is not None:
+                    serving[t].remove(identity)
                 if not counts[t]:
                     del counts[t]
+                    if serving is not None:
+                        del serving[t]
                     self.targets_changed = True
             service = self.state.services.get(identity)
             new = _targets_of(service) if service is not None else ()
@@ -105,6 +135,8 @@ class Planner:
                     if t not in counts:
                         self.targets_changed = True
                     counts[t] += 1
+                    if serving is not None:
+                        serving.setdefault(t, []).append(identity)
 
     def plan(self, current: Ruleset | None, wanted: Ruleset) -> Plan:
         """The change from `current` (None: no table) to `wanted`, in the transactions the

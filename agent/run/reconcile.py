@@ -178,7 +178,7 @@ class Reconciler:
 
     def rules_checking(self, targets: Collection[Target]) -> dict[Target, list[str]]:
         """The valid rules whose backends these targets check, by target (for logs and Events)."""
-        return self.state.rules_checking(targets)
+        return self.planner.rules_checking(targets)
 
     def check_drift(self) -> bool:
         """Repair what others changed in the agent's table since the last look, as the
