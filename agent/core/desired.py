@@ -100,14 +100,12 @@ class DesiredState:
     def notes(self) -> list[str]:
         return [self._notes[i] for i in sorted(self._notes)]
 
-    def rules_checking(self, targets: Collection[Target],
-                       among: Collection[Identity] | None = None) -> dict[Target, list[str]]:
-        """The valid rules whose backend each target checks, sorted: among the rules of the
-        identities `among` (None: every rule, a scan of ~10 ms at 40,000)."""
+    def rules_checking(self, targets: Collection[Target], among: Collection[Identity]) -> dict[Target, list[str]]:
+        """The valid rules whose backend each target checks, sorted, among the rules of the
+        identities `among` (the planner's index names them: no scan of every rule)."""
         wanted = set(targets)
-        names = self._results.keys() if among is None else {n for i in among for n in self._members.get(i, ())}
         found: dict[Target, list[str]] = {}
-        for name in names:
+        for name in {n for i in among for n in self._members.get(i, ())}:
             rule = self._results.get(name)
             if type(rule) is Rule and rule.check is not None and (t := target(rule.backend, rule.check)) in wanted:
                 found.setdefault(t, []).append(name)
