@@ -163,6 +163,7 @@ def version(code: Path, label: str, commit: str, n: int, gap: float, timeout: fl
         res["removal"] = {"flows_gone_s": gone_s, "gone_by": seen["gone_by"], "flows_after": seen["flows_after"],
                           "count_before": seen["count_before"], "others": seen["others"],
                           "count_after": seen["count_after"], "polls": seen["polls"],
+                          "toward_eip_after": seen["toward_eip_after"],
                           "trace": [(round(t - removed_at, 4), c) for t, c in seen["trace"]]}
         res["change"] = {"written_after_s": changed_at - removed_at, "in_kernel_s": landed_s,
                          "element": seen["landed_value"], "before": seen["landed_before"]}
