@@ -105,9 +105,11 @@ def test_a_down_backend_leaves_the_rendered_table_and_its_identity_is_rendered_a
     assert _backends_rendered(full) == {B1, B2, B3}
     assert set(planner.targets) == {target(B1, DEFAULT), target(B2, DEFAULT)} and planner.targets_changed
     planner.commit(full)
+    planner.targets_changed = False  # the checks were told (Reconciler.take_targets)
     assert planner.set_down(frozenset({target(B2, DEFAULT)})) == 1
     again = planner.partial(catalog, [], full.wanted)
     assert _backends_rendered(again) == {B1, B3}
+    assert not planner.targets_changed  # B2 is still checked: the prober is not told again
     assert planner.backends(next(iter(planner.state.services))) == (B1, B2, B3)  # conntrack keeps B2's flows
     assert planner.failing_open() == []
     planner.commit(again)

@@ -16,6 +16,7 @@ import structlog
 
 from agent.core.health import Check, Target
 from agent.core.model import Backend
+from agent.health import prober as prober_mod
 from agent.health.prober import MAX_STRETCH, Prober, next_stretch
 
 Result = tuple[Target, bool, str]
@@ -253,6 +254,29 @@ def test_the_stretch_follows_the_cpu_a_check_takes(closed_port: int) -> None:
     said = [e for e in logs if e["event"] == "health checks stretched to keep their CPU budget"]
     assert len(said) == 1 and said[0]["budget"] == 0.05 and said[0]["targets"] == 50
     assert said[0]["checks_per_second"] == 1000 and said[0]["cpu_per_check_us"] > 500
+
+
+def test_what_taking_new_targets_costs_is_not_charged_to_the_checks(closed_port: int,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Taking targets burns 0.5 s of the prober's CPU in a 1 s window whose other half runs
+    ~500 checks (50 targets at 0.05 s). Charged to them, a check would look ~1 ms and half
+    a core would stretch them twice; set aside, a check costs its tens of us and the
+    intervals stay."""
+    monkeypatch.setattr(prober_mod, "WINDOW", 1.0)
+    prober = Prober(Results(), budget=0.5)
+    retarget = prober._retarget
+
+    def costly(now: float, wanted: frozenset[Target]) -> None:
+        end = time.thread_time() + 0.5
+        while time.thread_time() < end:
+            pass
+        retarget(now, wanted)
+
+    monkeypatch.setattr(prober, "_retarget", costly)
+    prober.set_targets([(Backend("127.0.0.1", closed_port), Check(interval=0.05, path=f"/{n}")) for n in range(50)])
+    run(prober, 1.3)
+    prober.stop()
+    assert prober.stretch == 1.0 and prober._cost < 250e-6, prober._cost
 
 
 def test_new_targets_are_spread_over_the_stretched_interval(closed_port: int) -> None:
