@@ -279,6 +279,32 @@ def test_what_taking_new_targets_costs_is_not_charged_to_the_checks(closed_port:
     assert prober.stretch == 1.0 and prober._cost < 250e-6, prober._cost
 
 
+def test_checks_start_no_faster_than_the_budget_pays_for(closed_port: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """50 targets at 0.05 s whose report burns 1 ms: 1,000 checks a second, a whole core.
+    After the first window (1 s here) the budget of 5% pays for 50 checks a second; the
+    checks already scheduled at the old pace start no faster than that (their due times do
+    not move when the stretch rises: without the rate, all 50 ran at once)."""
+    monkeypatch.setattr(prober_mod, "WINDOW", 1.0)
+    started: list[float] = []
+
+    def burn(target: Target, passed: bool, reason: str) -> None:
+        started.append(time.monotonic())
+        end = time.thread_time() + 0.001
+        while time.thread_time() < end:
+            pass
+
+    prober = Prober(burn)
+    prober.set_targets([(Backend("127.0.0.1", closed_port), Check(interval=0.05, path=f"/{n}")) for n in range(50)])
+    t0 = time.monotonic()
+    run(prober, 2.2)
+    prober.stop()
+    assert prober.stretch > 10
+    late = [t for t in started if t > t0 + 1.05]  # after the first window
+    assert 30 <= len(late) <= 80, len(late)  # 50 a second for ~1.1 s
+    most = max(sum(1 for u in late if t <= u < t + 0.2) for t in late)
+    assert most <= 15, most  # 10 in 0.2 s: without the rate, the 50 due together run together
+
+
 def test_new_targets_are_spread_over_the_stretched_interval(closed_port: int) -> None:
     """A millionth of a core fits no check (at the first guess of 30 us each): stretched to
     the cap at once, 50 new targets spread over 0.05 s x 3,600, so only the first runs now.
