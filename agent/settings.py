@@ -160,7 +160,8 @@ class Settings:
 
     health_cpu_budget: float = 0.05
     """Share of one core the checks may use; beyond it their intervals stretch (and the
-    agent says so): 40,000 distinct backends cannot all be checked every second."""
+    agent says so), and checks start no faster than it pays for: 40,000 distinct backends
+    cannot all be checked every second."""
 
     hairpin_snat: bool = False
     """Provide the hairpin SNAT in the agent's table (outside Kubernetes): a client on the
