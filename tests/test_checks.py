@@ -169,16 +169,19 @@ def test_results_are_counted_where_they_arrive_and_only_a_transition_wakes_the_l
     t = target(B1, DEFAULT)
     checks.follow([t])
     assert checks.prober.targets == {t}
-    for _ in range(2):
-        checks.prober.report(t, False, "connection refused")
+    # Between states (failures against an up target, short of `fall`) the prober is told to
+    # check again soon; at the change, and on a result that agrees with the state, not.
+    assert [checks.prober.report(t, False, "connection refused") for _ in range(2)] == [True, True]
     assert not wakes and checks.drain() == []
-    checks.prober.report(t, False, "connection refused")
+    assert checks.prober.report(t, False, "connection refused") is False
     assert len(wakes) == 1
     ((which, state),) = checks.drain()
     assert which == t and not state.up and checks.down() == {t} and checks.counts() == (0, 1)
     (row,) = checks.snapshot()["targets"]
     assert row == {"backend": "10.0.1.11:8080", "check": str(DEFAULT), "up": False, "since": 100.0, "checks": 3,
                    "lastFailure": "connection refused", "failedAt": 100.0}
+    assert checks.prober.report(t, False, "connection refused") is False  # down and failing: settled
+    assert checks.prober.report(t, True, "") is True  # one pass of `rise` 2
 
 
 def test_metrics_count_transitions_and_keep_a_down_series_only_while_down() -> None:

@@ -305,6 +305,34 @@ def test_checks_start_no_faster_than_the_budget_pays_for(closed_port: int, monke
     assert most <= 15, most  # 10 in 0.2 s: without the rate, the 50 due together run together
 
 
+def test_a_target_between_states_is_checked_again_at_its_own_interval(closed_port: int,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stretched x20 (50 targets at 0.05 s whose report burns 1 ms, a budget of 5%), a
+    target whose report says it is between states is checked at its own 0.05 s, within the
+    rate the budget pays for (50 a second); the others every 1 s."""
+    monkeypatch.setattr(prober_mod, "WINDOW", 1.0)
+    targets = [(Backend("127.0.0.1", closed_port), Check(interval=0.05, path=f"/{n}")) for n in range(50)]
+    hurried = targets[7]
+    seen: list[tuple[float, Target]] = []
+
+    def burn(target: Target, passed: bool, reason: str) -> bool:
+        seen.append((time.monotonic(), target))
+        end = time.thread_time() + 0.001
+        while time.thread_time() < end:
+            pass
+        return target == hurried
+
+    prober = Prober(burn)
+    prober.set_targets(targets)
+    t0 = time.monotonic()
+    run(prober, 2.5)
+    prober.stop()
+    assert prober.stretch > 10
+    late = [t for at, t in seen if at > t0 + 1.5]  # a second, stretched
+    assert late.count(hurried) >= 8, late.count(hurried)  # ~20 (0.05 s, less the pace's share)
+    assert max(late.count(t) for t in targets if t != hurried) <= 2
+
+
 def test_new_targets_are_spread_over_the_stretched_interval(closed_port: int) -> None:
     """A millionth of a core fits no check (at the first guess of 30 us each): stretched to
     the cap at once, 50 new targets spread over 0.05 s x 3,600, so only the first runs now.

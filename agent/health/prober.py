@@ -37,7 +37,9 @@ from agent.core.health import Target
 
 log = structlog.get_logger()
 
-Report = Callable[[Target, bool, str], None]  # (target, passed, reason: "" on a pass)
+# (target, passed, reason: "" on a pass) -> whether the target is between states (a result
+# against its state, more needed to change it): then it is checked again at its own interval.
+Report = Callable[[Target, bool, str], "bool | None"]
 
 WINDOW = 2.0  # seconds over which a check's CPU is measured: 80,000 checks at 40,000 targets
 # Windows whose checks' CPU is summed for the cost of one: a single window's swung 45-100 us
@@ -97,6 +99,7 @@ class Prober:
         self._pending: frozenset[Target] | None = None  # the targets set_targets() asked for, not yet taken
         self._live: dict[Target, int] = {}  # target -> token of its current life (a re-added target gets a new one)
         self._due: list[tuple[float, int, Target]] = []  # heap of (due, token, target); stale lives skipped
+        self._soon: list[tuple[float, int, Target]] = []  # the same, of targets between states: started first
         self._deadlines: list[tuple[float, int, _Probe]] = []  # heap of (deadline, serial, probe)
         self._inflight: set[_Probe] = set()
         self._tokens = itertools.count()
@@ -183,8 +186,10 @@ class Prober:
         for target in gone:
             del self._live[target]
         if gone:  # their heap entries and checks in flight go now, unreported
-            self._due = [entry for entry in self._due if self._live.get(entry[2]) == entry[1]]
+            self._due, self._soon = ([entry for entry in heap if self._live.get(entry[2]) == entry[1]]
+                                     for heap in (self._due, self._soon))
             heapq.heapify(self._due)
+            heapq.heapify(self._soon)
             for probe in [p for p in self._inflight if self._live.get(p.target) != p.token]:
                 self._close_probe(probe)
         new = [t for t in wanted if t not in self._live]
@@ -211,8 +216,14 @@ class Prober:
         rate = self._rate
         self._credit = min(self._credit + (now - self._credited_at) * rate, max(1.0, rate * SLACK))
         self._credited_at = now
-        while self._due and self._due[0][0] <= now and len(self._inflight) < self._max and self._credit >= 1.0:
-            _, token, target = heapq.heappop(self._due)
+        while len(self._inflight) < self._max and self._credit >= 1.0:
+            if self._soon and self._soon[0][0] <= now:
+                heap = self._soon
+            elif self._due and self._due[0][0] <= now:
+                heap = self._due
+            else:
+                break
+            _, token, target = heapq.heappop(heap)
             if self._live.get(target) == token:
                 self._credit -= 1.0
                 self._start(target, token, now)
@@ -287,15 +298,24 @@ class Prober:
                 self._finish(probe, False, f"timed out after {probe.target[1].timeout} s{waiting}")
 
     def _finish(self, probe: _Probe, passed: bool, reason: str) -> None:
-        """A check's end: its socket closed, its target's next check due one (stretched)
-        interval after this one started, and the result reported, unless the target left."""
+        """A check's end: its socket closed, the result reported, and its target's next
+        check due one stretched interval after this one started, or one interval if the
+        report says the target is between states (HAProxy's `fastinter`): stretched x45, a
+        dead backend's 3 failures took ~135 s, and now the first failure's wait and ~2 s.
+        Those checks start before any other that is due (checks due late behind a risen
+        stretch would hold them back), but not on top: the rate the budget pays for holds
+        them too (10,000 failing at once take it all for a while, and the others wait)."""
         self._close_probe(probe)
         target = probe.target
         if self._live.get(target) == probe.token:
-            due = probe.started + target[1].interval * self._stretch
-            heapq.heappush(self._due, (due, probe.token, target))
-            self._reported = True
-            self._report(target, passed, reason)
+            self._reported, hurry = True, False
+            try:
+                hurry = bool(self._report(target, passed, reason))
+            finally:  # due again, whatever the report did
+                if hurry:
+                    heapq.heappush(self._soon, (probe.started + target[1].interval, probe.token, target))
+                else:
+                    heapq.heappush(self._due, (probe.started + target[1].interval * self._stretch, probe.token, target))
 
     def _close_probe(self, probe: _Probe) -> None:
         if probe.stage != "done":
@@ -308,9 +328,9 @@ class Prober:
         """Seconds until the next check is due (if a slot is free; SLACK later), a check's
         deadline, or `until`."""
         wake = until
-        if self._due and len(self._inflight) < self._max:
-            start = self._due[0][0] if self._credit >= 1.0 else max(self._due[0][0],
-                                                                     now + (1.0 - self._credit) / self._rate)
+        if (self._due or self._soon) and len(self._inflight) < self._max:
+            first = min(heap[0][0] for heap in (self._due, self._soon) if heap)
+            start = first if self._credit >= 1.0 else max(first, now + (1.0 - self._credit) / self._rate)
             wake = min(wake, start + SLACK)
         if self._deadlines:
             wake = min(wake, self._deadlines[0][0])

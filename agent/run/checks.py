@@ -56,15 +56,19 @@ class HealthChecks:
         self._unkept = False  # transitions since the down targets were last written
         self._kept_at = -KEEP_EVERY
 
-    def result(self, target: Target, passed: bool, reason: str) -> None:
-        """A check's result (the prober's thread)."""
+    def result(self, target: Target, passed: bool, reason: str) -> bool:
+        """A check's result (the prober's thread); whether the target is between states,
+        so that the prober checks it again soon."""
         with self._lock:
             changed = self.tracker.observe(target, passed, reason, self.clock())
             first = changed and not self._transitions
             if changed:
                 self._transitions.append((target, replace(self.tracker.states[target])))
+            state = self.tracker.states.get(target)
+            between = state is not None and state.streak > 0
         if first:  # the loop then looks when its batch is due (it keeps a timer while any wait)
             self.wake()
+        return between
 
     def follow(self, targets: Collection[Target]) -> None:
         """Check exactly these targets (after a sync changed them)."""
