@@ -350,7 +350,9 @@ class Prober:
             return  # nothing ran (all stretched past the window, or waiting): no cost to go by
         self._spent.append((max(0.0, cpu - aside), max(1, self._checks)))
         self._cost, self._checks = sum(c for c, _ in self._spent) / sum(n for _, n in self._spent), 0
+        started = time.thread_time()  # a remap here is in the next window's CPU: set aside there
         self._restretch(now, next_stretch(self._stretch, self._cost, self._demand, self._budget))
+        self._aside += time.thread_time() - started
 
     def _restretch(self, now: float, stretch: float) -> None:
         """A new stretch. When it falls by a fifth or more, the checks already due come
@@ -359,9 +361,7 @@ class Prober:
         spread out as they run. (Mapped in order, the heap stays a heap.)"""
         ratio, self._stretch = stretch / self._stretch, stretch
         if ratio <= 0.8:
-            started = time.thread_time()
             self._due = [(now + max(0.0, due - now) * ratio, token, target) for due, token, target in self._due]
-            self._aside += time.thread_time() - started
         if (stretch == 1.0) != (self._logged == 1.0) or not self._logged / 2 < stretch < self._logged * 2:
             self._logged = stretch
             if stretch > 1.0:
