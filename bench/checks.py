@@ -57,9 +57,10 @@ class Config(NamedTuple):
     small: int = 100  # the case where the 1 s interval should hold
     refused: bool = True  # the case with a quarter of the backends refusing
     # Seconds to wait for the stretch to hold still, and in the refused case for every refused
-    # target to be down: its first check spread over one stretched interval, then `fall` (3)
-    # more, at x35-57 here (a refused check costs ~60 us: the reject rule's work is charged
-    # to the agent's process on loopback), 140-230 s.
+    # target to be down: its first check waits up to one stretched interval (x24-x70 here, a
+    # refused check costing ~60 us: the reject rule's work is charged to the agent's process
+    # on loopback), then the paced re-checks of 10,000 at once: 58-114 s in runs here, 300 s
+    # leaves room for a slower machine.
     settle_max: float = 300.0
     poll: float = 3.0  # seconds between status answers while settling (each costs the agent CPU)
 

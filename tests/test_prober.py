@@ -39,6 +39,13 @@ def run(prober: Prober, seconds: float) -> None:
     prober.run_once(time.monotonic() + seconds)
 
 
+def burn(seconds: float) -> None:
+    """Take `seconds` of this thread's CPU (a costly report, a costly step of the prober)."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
 @pytest.fixture
 def listener() -> Iterator[socket.socket]:
     """A listener nobody accepts from: the kernel completes the handshakes, nobody answers."""
@@ -236,13 +243,11 @@ def test_the_stretch_follows_the_cpu_a_check_takes(closed_port: int) -> None:
     """50 targets at 0.05 s ask for 1,000 checks a second. Whose report burns 1 ms of the
     prober's CPU, they take a whole core: a budget of 5% stretches them 20 times after the
     first window (2 s). Whose report costs nothing, a budget of a whole core keeps them."""
-    def burn(target: Target, passed: bool, reason: str) -> None:
-        end = time.thread_time() + 0.001
-        while time.thread_time() < end:
-            pass
+    def report(target: Target, passed: bool, reason: str) -> None:
+        burn(0.001)
 
     targets = [(Backend("127.0.0.1", closed_port), Check(interval=0.05, path=f"/{n}")) for n in range(50)]
-    costly, cheap = Prober(burn), Prober(Results(), budget=1.0)
+    costly, cheap = Prober(report), Prober(Results(), budget=1.0)
     with structlog.testing.capture_logs() as logs:
         for prober in (costly, cheap):
             prober.set_targets(targets)
@@ -267,9 +272,7 @@ def test_what_taking_new_targets_costs_is_not_charged_to_the_checks(closed_port:
     retarget = prober._retarget
 
     def costly(now: float, wanted: frozenset[Target]) -> None:
-        end = time.thread_time() + 0.5
-        while time.thread_time() < end:
-            pass
+        burn(0.5)
         retarget(now, wanted)
 
     monkeypatch.setattr(prober, "_retarget", costly)
@@ -287,13 +290,11 @@ def test_checks_start_no_faster_than_the_budget_pays_for(closed_port: int, monke
     monkeypatch.setattr(prober_mod, "WINDOW", 1.0)
     started: list[float] = []
 
-    def burn(target: Target, passed: bool, reason: str) -> None:
+    def report(target: Target, passed: bool, reason: str) -> None:
         started.append(time.monotonic())
-        end = time.thread_time() + 0.001
-        while time.thread_time() < end:
-            pass
+        burn(0.001)
 
-    prober = Prober(burn)
+    prober = Prober(report)
     prober.set_targets([(Backend("127.0.0.1", closed_port), Check(interval=0.05, path=f"/{n}")) for n in range(50)])
     t0 = time.monotonic()
     run(prober, 2.2)
@@ -315,14 +316,12 @@ def test_a_target_between_states_is_checked_again_at_its_own_interval(closed_por
     hurried = targets[7]
     seen: list[tuple[float, Target]] = []
 
-    def burn(target: Target, passed: bool, reason: str) -> bool:
+    def report(target: Target, passed: bool, reason: str) -> bool:
         seen.append((time.monotonic(), target))
-        end = time.thread_time() + 0.001
-        while time.thread_time() < end:
-            pass
+        burn(0.001)
         return target == hurried
 
-    prober = Prober(burn)
+    prober = Prober(report)
     prober.set_targets(targets)
     t0 = time.monotonic()
     run(prober, 2.5)
