@@ -16,7 +16,8 @@ import sys
 import time
 from typing import Any
 
-from gwtest import BACKENDS, CLIENTS, EIP, ROOT, agent_status, eip_doc, ns_run, program, rule_doc, wait_for, yaml_docs
+from gwtest import (BACKENDS, CLIENTS, EIP, GATEWAY, ROOT, agent_status, eip_doc, ns_run, program, rule_doc, wait_for,
+                    yaml_docs)
 
 SERVED, HTTP = 8081, 8082
 WEB, APP, OFF, CHECKED_HTTP = 80, 443, 81, 82
@@ -103,6 +104,10 @@ def test_backends_leave_when_their_checks_fail_and_come_back(lab, agent):
     after = lab.tcp_connect(EIP, WEB, 60)
     assert after["failed"] == 0 and after["by_backend"]["b2"] == 0, (took, after)
     assert backends(agent)[OFF] == everyone  # checks off: the rule's backend stays, dead or not
+    diff = lab.run_in(agent.ns, [sys.executable, "-m", "agent.cli", "diff", "--gateway", GATEWAY, "--from-dir",
+                                 str(agent.rules_dir), "--state-dir", str(agent.state_dir)],
+                      capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert (diff.returncode, diff.stdout) == (0, ""), diff.stderr  # what the checks took out is no drift
     assert "b2" in backends(agent)[CHECKED_HTTP]  # its checks ask :8082, which still answers
     row = next(r for r in health(agent)["targets"] if r["backend"] == f"{BACKENDS['b2']}:{SERVED}")
     assert not row["up"] and "refused" in row["lastFailure"], row

@@ -79,7 +79,9 @@ def test_a_neighbour_committing_every_100ms_does_not_stop_the_read(scaled_ns: st
 def test_a_commit_in_the_middle_of_a_dump(scaled_ns: str) -> None:
     """Another table's commit inside the (family-wide, flagged NLM_F_DUMP_INTR) chain
     dump keeps the pass; this table's commit inside an element dump (which the kernel
-    does not flag) is caught by the generation and the notifications, and read again."""
+    does not flag) is caught by the generation and the notifications, and read again; so
+    is a set deleted between the set dump and its element dump (ENOENT)."""
     report = run_in(scaled_ns, "interrupt", str(SCALE))
     assert report["other_table"] == {"attempts": 1, "interrupted": True, "equals": True}
     assert report["own_table"] == {"attempts": 2, "has_new_element": True, "equals_a_fresh_read": True}
+    assert report["set_gone"] == {"attempts": 2, "has_set": False, "equals_a_fresh_read": True}

@@ -80,6 +80,46 @@ def test_diff_plans_with_the_running_agents_capabilities_as_its_syncs_do(version
         assert fake.batches[-1] == [c for c in shown if c["add"].get("map", {}).get("map") not in maps]
 
 
+def test_diff_plans_with_the_backends_the_running_agents_checks_have_down(monkeypatch, capsys, tmp_path, web_objects):
+    """A backend the agent's checks took out is not a difference: the kernel holds what a
+    sync with it down sends (the at-scale CI run saw every taken-out backend as drift)."""
+    import json
+
+    from agent.core.desired import ListCatalog
+    from agent.core.health import DEFAULT, dump
+    from agent.core.model import Backend
+    from agent.kernel.caps import probe
+    from agent.ops.health import Health
+    from agent.ops.status import StatusServer
+    from agent.settings import Settings
+    from tests.fakenft import FakeNft, edges, wired
+    from tests.oracles import kept
+
+    fake = FakeNft("1.1.3")
+    caps = probe(*edges(fake), "ip", "natgw")
+    monkeypatch.setattr("agent.run.oneshot.KernelView", lambda family, table, **_: fake.view(family, table))
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "rules.json").write_text(json.dumps({"kind": "List", "items": web_objects}))
+    down = frozenset({(Backend("10.0.1.12", 8080), DEFAULT)})  # web-b's backend, checked as by default
+    reconciler = wired(Settings(gateway="gw1", conntrack=False), *edges(fake), caps=caps)
+    assert reconciler.planner.set_down(down) == 0  # nothing rendered yet, nothing to re-render
+    reconciler.sync(ListCatalog(kept(web_objects)))
+
+    def diff(health: dict) -> int:
+        server = StatusServer(tmp_path / "agent.sock", Health(60, 30).answer(caps, lambda: health))
+        try:
+            return main(["diff", "--gateway", "gw1", "--from-dir", str(rules), "--state-dir", str(tmp_path)])
+        finally:
+            server.close()
+
+    assert diff({"targets": [], "down": dump(down)}) == 0 and capsys.readouterr().out == ""
+    assert diff({"targets": [], "down": []}) == 1  # with b up, the sync would put it back
+    assert "10.0.1.12" in capsys.readouterr().out
+    assert diff({"targets": [], "down": [["10.0.1.12", "eighty"]]}) == 1
+    assert "not a list of down targets" in capsys.readouterr().err
+
+
 def test_diff_without_an_agent_or_a_private_namespace_says_so(monkeypatch, capsys, tmp_path):
     def no_unshare(table):
         raise RuntimeError("unshare: unshare failed: Operation not permitted")

@@ -144,4 +144,6 @@ class HealthChecks:
             if state.last_failure:
                 row.update(lastFailure=state.last_failure, failedAt=state.failed_at)
             rows.append(row)
-        return {"stretch": self.prober.stretch, "targets": rows, "failOpen": list(self.failing_open)}
+        # "down" as the state file keeps it: `natgw-agent diff` plans with it, as a sync would.
+        return {"stretch": self.prober.stretch, "targets": rows, "failOpen": list(self.failing_open),
+                "down": dump(t for t, s in held if not s.up)}

@@ -7,9 +7,12 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from agent.core.commands import Table
 from agent.core.desired import ListCatalog
+from agent.core.health import load
+from agent.core.model import Backend
 from agent.core.plan import document, one_transaction
 from agent.errors import ApplyError
 from agent.kernel.caps import UNPROBED, Capabilities
@@ -48,18 +51,23 @@ def render(settings: Settings, text: bool) -> int:
 def diff(settings: Settings, state_dir: Path) -> int:
     """Print what a sync would send to this kernel now; exit 1 if anything."""
     source, api = source_of(settings)
+    running = agent_status(state_dir / "agent.sock")
     try:
-        caps = _diff_capabilities(state_dir, settings.table)
-    except RuntimeError as err:
+        caps = _diff_capabilities(running, state_dir, settings.table)
+        down = load(((running or {}).get("health") or {}).get("down") or [], Backend)
+    except (RuntimeError, ValueError) as err:
         print(f"natgw-agent diff: {err}", file=sys.stderr)
         return 1
     catalog = _read(source, 0 if api is None else KUBE_WAIT)
     if catalog is None:
         return 1
-    # Against the kernel, with the kernel's slots and the probed capabilities (one JSON
-    # transaction on nft >= 1.1): exactly what a sync would send now.
+    # Against the kernel, with the kernel's slots, the probed capabilities (one JSON
+    # transaction on nft >= 1.1) and the backends the running agent's checks have down:
+    # exactly what a sync would send now.
     kernel = KernelView(FAMILY, settings.table, subscribe=False).read()
-    todo = Planner(settings, caps).preview(catalog, kernel, Reporter())
+    planner = Planner(settings, caps)
+    planner.set_down(frozenset(down))
+    todo = planner.preview(catalog, kernel, Reporter())
     sys.stdout.write(document(todo.commands) if todo else "")
     return 1 if todo else 0
 
@@ -93,10 +101,10 @@ def _read(source: Source, wait: float) -> ListCatalog | None:
     return ListCatalog(source.objects())
 
 
-def _diff_capabilities(state_dir: Path, table: str) -> Capabilities:
+def _diff_capabilities(running: dict[str, Any] | None, state_dir: Path, table: str) -> Capabilities:
     """What a sync would use: the running agent's probed capabilities, else a probe of its
     own in a private namespace (agent/kernel/privateprobe.py); RuntimeError if neither."""
-    found = from_status(agent_status(state_dir / "agent.sock"))
+    found = from_status(running)
     if found is not None:
         return found
     try:

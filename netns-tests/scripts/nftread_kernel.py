@@ -248,6 +248,14 @@ def interrupt(n: int) -> dict[str, Any]:
     report["own_table"] = {"attempts": state.attempts, "has_new_element": key in state.elements["services"],
                            "equals_a_fresh_read": state == nftread.read_table("ip", "natgw")}
     run("delete element ip natgw services { 172.18.9.9 . tcp . 9 }; delete table ip other")
+    # A set deleted after the set dump listed it, before its element dump (a sync during
+    # `show`): that dump's ENOENT is a change, read again.
+    run("add set ip natgw gone { type inet_service; }")
+    with _CommitMidDump(uapi.NFT_MSG_GETSETELEM, lambda: run("delete set ip natgw gone")) as sock:
+        state = nftread.read_table("ip", "natgw", sock=sock)
+    assert state is not None
+    report["set_gone"] = {"attempts": state.attempts, "has_set": "gone" in state.sets,
+                          "equals_a_fresh_read": state == nftread.read_table("ip", "natgw")}
     return report
 
 
