@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from agent.core.desired import ListCatalog
-from agent.core.health import ANNOTATION, DEFAULT, FIELD, Check, Tracker, parse, target, usable
+from agent.core.health import ANNOTATION, DEFAULT, FIELD, Check, Tracker, load, parse, target, usable
 from agent.core.model import Backend, manifest
 from agent.kernel.caps import UNPROBED
 from agent.run.planner import Planner
@@ -177,9 +177,11 @@ def test_results_are_counted_where_they_arrive_and_only_a_transition_wakes_the_l
     assert len(wakes) == 1
     ((which, state),) = checks.drain()
     assert which == t and not state.up and checks.down() == {t} and checks.counts() == (0, 1)
-    (row,) = checks.snapshot()["targets"]
+    snapshot = checks.snapshot()
+    (row,) = snapshot["targets"]
     assert row == {"backend": "10.0.1.11:8080", "check": str(DEFAULT), "up": False, "since": 100.0, "checks": 3,
                    "lastFailure": "connection refused", "failedAt": 100.0}
+    assert load(snapshot["down"], Backend) == [t]  # what `natgw-agent diff` plans with
     assert checks.prober.report(t, False, "connection refused") is False  # down and failing: settled
     assert checks.prober.report(t, True, "") is True  # one pass of `rise` 2
 
