@@ -82,7 +82,8 @@ def test_diff_plans_with_the_running_agents_capabilities_as_its_syncs_do(version
 
 def test_diff_plans_with_the_backends_the_running_agents_checks_have_down(monkeypatch, capsys, tmp_path, web_objects):
     """A backend the agent's checks took out is not a difference: the kernel holds what a
-    sync with it down sends (the at-scale CI run saw every taken-out backend as drift)."""
+    sync with it down sends, checked as the agent's settings say, whatever flags diff got
+    (a sid CI run's diff saw every backend taken out as a difference)."""
     import json
 
     from agent.core.desired import ListCatalog
@@ -91,6 +92,7 @@ def test_diff_plans_with_the_backends_the_running_agents_checks_have_down(monkey
     from agent.kernel.caps import probe
     from agent.ops.health import Health
     from agent.ops.status import StatusServer
+    from agent.run.planner import check_settings
     from agent.settings import Settings
     from tests.fakenft import FakeNft, edges, wired
     from tests.oracles import kept
@@ -101,8 +103,10 @@ def test_diff_plans_with_the_backends_the_running_agents_checks_have_down(monkey
     rules = tmp_path / "rules"
     rules.mkdir()
     (rules / "rules.json").write_text(json.dumps({"kind": "List", "items": web_objects}))
-    down = frozenset({(Backend("10.0.1.12", 8080), DEFAULT)})  # web-b's backend, checked as by default
-    reconciler = wired(Settings(gateway="gw1", conntrack=False), *edges(fake), caps=caps)
+    # The agent checks every 2 s (diff is given no such flag); web-b's backend is down.
+    running = Settings(gateway="gw1", conntrack=False, health_interval=2.0)
+    down = frozenset({(Backend("10.0.1.12", 8080), DEFAULT._replace(interval=2.0))})
+    reconciler = wired(running, *edges(fake), caps=caps)
     assert reconciler.planner.set_down(down) == 0  # nothing rendered yet, nothing to re-render
     reconciler.sync(ListCatalog(kept(web_objects)))
 
@@ -113,11 +117,16 @@ def test_diff_plans_with_the_backends_the_running_agents_checks_have_down(monkey
         finally:
             server.close()
 
-    assert diff({"targets": [], "down": dump(down)}) == 0 and capsys.readouterr().out == ""
-    assert diff({"targets": [], "down": []}) == 1  # with b up, the sync would put it back
+    status = {"targets": [], "down": dump(down), "settings": check_settings(running)}
+    assert diff(status) == 0 and capsys.readouterr().out == ""
+    assert diff({**status, "down": []}) == 1  # with b up, the sync would put it back
     assert "10.0.1.12" in capsys.readouterr().out
-    assert diff({"targets": [], "down": [["10.0.1.12", "eighty"]]}) == 1
+    assert diff({**status, "settings": {}}) == 1  # checked every second, b's check is not the one down
+    capsys.readouterr()
+    assert diff({**status, "down": [["10.0.1.12", "eighty"]]}) == 1
     assert "not a list of down targets" in capsys.readouterr().err
+    assert diff({**status, "settings": {"health_rise": "two"}}) == 1
+    assert "not the agent's check settings" in capsys.readouterr().err
 
 
 def test_diff_without_an_agent_or_a_private_namespace_says_so(monkeypatch, capsys, tmp_path):

@@ -21,7 +21,7 @@ from agent.run.checks import HealthChecks
 from agent.run.cleanup import Cleanup, FlowTable, SetReader
 from agent.run.crdcheck import CrdCheck, reader as crd_reader
 from agent.run.loop import Source, StopEvent, run_loop
-from agent.run.planner import FAMILY, Planner
+from agent.run.planner import FAMILY, Planner, check_settings
 from agent.run.reconcile import Reconciler, View
 from agent.settings import Settings
 
@@ -111,11 +111,12 @@ def run(settings: Settings) -> int:
     metrics.serve_backend_counters(KernelView(FAMILY, settings.table, subscribe=False).counters)
     reconciler = connected(settings, Reporter(events, settings.gateway))
     checks = health_checks(settings)
+    checked_as = check_settings(settings)  # in the status too: `diff` plans with them
     if api is not None:
         check_crd(api, health, events, settings)
     try:
-        status: StatusServer | None = StatusServer(settings.state_dir / "agent.sock",
-                                                   health.answer(reconciler.caps, checks.snapshot))
+        status: StatusServer | None = StatusServer(settings.state_dir / "agent.sock", health.answer(
+            reconciler.caps, lambda: {**checks.snapshot(), "settings": checked_as}))
     except OSError as err:  # `natgw-agent health` will say so; the data plane is programmed all the same
         log.error("status socket unavailable", path=str(settings.state_dir / "agent.sock"), error=str(err))
         status = None

@@ -25,7 +25,7 @@ from agent.ops.report import Reporter
 from agent.ops.status import agent_status
 from agent.run.daemon import source_of
 from agent.run.loop import Source
-from agent.run.planner import FAMILY, Planner
+from agent.run.planner import FAMILY, Planner, with_check_settings
 from agent.settings import Settings
 
 KUBE_WAIT = 30.0  # seconds for the API's first list; a directory is read at once
@@ -54,7 +54,9 @@ def diff(settings: Settings, state_dir: Path) -> int:
     running = agent_status(state_dir / "agent.sock")
     try:
         caps = _diff_capabilities(running, state_dir, settings.table)
-        down = load(((running or {}).get("health") or {}).get("down") or [], Backend)
+        health = (running or {}).get("health") or {}
+        down = load(health.get("down") or [], Backend)
+        settings = with_check_settings(settings, health.get("settings") or {})
     except (RuntimeError, ValueError) as err:
         print(f"natgw-agent diff: {err}", file=sys.stderr)
         return 1
@@ -62,8 +64,8 @@ def diff(settings: Settings, state_dir: Path) -> int:
     if catalog is None:
         return 1
     # Against the kernel, with the kernel's slots, the probed capabilities (one JSON
-    # transaction on nft >= 1.1) and the backends the running agent's checks have down:
-    # exactly what a sync would send now.
+    # transaction on nft >= 1.1) and the backends the running agent's checks have down
+    # (checked as its settings say): exactly what a sync would send now.
     kernel = KernelView(FAMILY, settings.table, subscribe=False).read()
     planner = Planner(settings, caps)
     planner.set_down(frozenset(down))

@@ -163,6 +163,24 @@ class Planner:
         return self.plan(current, change.wanted)
 
 
+CHECK_SETTINGS = ("health_checks", "health_interval", "health_timeout", "health_rise", "health_fall")
+
+
+def check_settings(settings: Settings) -> dict[str, bool | float | int]:
+    """What default_check() is made of, for the status socket: `diff` plans with the
+    running agent's, so a backend its checks took out matches whatever flags diff got."""
+    return {name: getattr(settings, name) for name in CHECK_SETTINGS}
+
+
+def with_check_settings(settings: Settings, found: Mapping[str, object]) -> Settings:
+    """`settings` with check_settings() as a running agent reported them (ValueError if malformed)."""
+    try:
+        return replace(settings, **{name: type(getattr(settings, name))(found[name])  # type: ignore[call-arg]
+                                    for name in CHECK_SETTINGS if name in found})
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"not the agent's check settings: {err}") from None
+
+
 def default_check(settings: Settings) -> Check | None:
     """How a TCP backend is checked when its rule does not say (None: not at all)."""
     if not settings.health_checks:
