@@ -136,7 +136,7 @@ class HealthChecks:
         """For `natgw-agent show` (the status socket's thread): every target's state, since
         when, its last failure; and how far the CPU budget stretched the intervals."""
         # The fields, not copies of the states: the prober and the loop wait on this lock
-        # (at 40,000 targets: ~20 ms, against ~80 ms for dataclasses.replace).
+        # (at 40,000 targets: 10-25 ms, against 40-55 ms for dataclasses.replace).
         with self._lock:
             held = [(t, s.up, s.since, s.checks, s.last_failure, s.failed_at) for t, s in self.tracker.states.items()]
         rows = []
