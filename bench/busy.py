@@ -1,6 +1,6 @@
 """The busy neighbour benchmark: `python -m bench.busy [--n 10000] [--json FILE]` (root).
 
-The agent as a process (`python -m agent.cli run --from-dir`) in a fresh network
+The agent as a process (`python -m agent.cli run --from-dir --no-health-checks`) in a fresh network
 namespace holding N identities x 4 backends (bench/identities.py) plus one ClientIP
 identity with pinned clients, while another table in that namespace commits every
 100 ms (`python -m lab.neighbour --interval 0.1`). Measured:
@@ -282,7 +282,10 @@ def run(n: int, reps: int, cpu_seconds: float, later_scrapes: int, readbacks: in
         ids_mod.write_manifests(rules, [*idents, sticky])
         with namespace() as ns:
             probe = Probe(ns, "bench.busy_probe")
-            agent = Agent(ns, ["--from-dir", str(rules)], work)
+            # No health checks: nothing answers at the 40,000 backend addresses, and their
+            # checks (5% of a core, budgeted) would take them out a few at a time throughout,
+            # not the neighbour's effect this measures (bench/checks.py measures theirs).
+            agent = Agent(ns, ["--from-dir", str(rules)], work, checks=False)
             neighbour: Neighbour | None = None
             try:
                 log(f"{ns}: agent starting with {n:,} identities x {ids_mod.BACKENDS} + 1 ClientIP")

@@ -119,7 +119,9 @@ def busy_markdown(runs: list[dict[str, Any]], rest_generated: str | None = None)
         "",
         *busy_table(runs),
         "",
-        "How it was measured: the agent runs as its own process (`python -m agent.cli run --from-dir`) in a fresh "
+        "How it was measured: the agent runs as its own process (`python -m agent.cli run --from-dir DIR "
+        "--no-health-checks`: nothing answers at its 40,000 backend addresses; the health checks section measures "
+        "those) in a fresh "
         f"network namespace; the ClientIP identity's {clients} pinned clients are affinity entries added with "
         f"`nft add element` (no traffic), {clients // first['backends']} per slot. The neighbour commits throughout, except in the \"no neighbour\" "
         "CPU window and for the quiet read-back. CPU: the agent's utime + stime from `/proc/PID/stat` (all its "
