@@ -14,6 +14,7 @@ after every target was checked once on average):
   sync      one rules file rewritten mid-window (one identity's backend replaced): from the
             write to the agent's `synced` log line, and that line's `seconds` and `waited`
   show      `natgw-agent show --json` after the window: its exit code and time
+  memory    the agent's resident memory (VmRSS) at the end of the window, and its peak (VmHWM)
 
 Cases: N with --no-health-checks (the idle baseline, the same change included), N with
 the defaults (interval 1 s, budget 5% of a core), 100 identities with the defaults (no
@@ -152,6 +153,12 @@ def ticks(pid: int, tid: int | None = None) -> int:
     return int(f[11]) + int(f[12])
 
 
+def memory(pid: int) -> dict[str, int]:
+    """Resident (VmRSS) and peak (VmHWM) in kB, from /proc/PID/status."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return {"rss_kb": int(fields["VmRSS"].split()[0]), "hwm_kb": int(fields["VmHWM"].split()[0])}
+
+
 def measure(agent: Agent, listener: int, cfg: Config, rules: Path, idents: list[ids_mod.Identity],
             checks: bool) -> dict[str, Any]:
     """The agent's CPU over the window, a change in its middle; checks done, from the status."""
@@ -169,7 +176,8 @@ def measure(agent: Agent, listener: int, cfg: Config, rules: Path, idents: list[
                            "cpu_percent": round((a1 - a0) / CLK_TCK / wall * 100, 3),
                            "loop_cpu_percent": round((m1 - m0) / CLK_TCK / wall * 100, 3),
                            "listener_cpu_percent": round((l1 - l0) / CLK_TCK / wall * 100, 3),
-                           "machine_busy": round((busy1 - busy0) / max(1, total1 - total0), 3), "sync": sync}
+                           "machine_busy": round((busy1 - busy0) / max(1, total1 - total0), 3), "sync": sync,
+                           "memory": memory(pid)}
     if h0 is not None:
         h1 = health(agent)
         done = sum(n - h0["by"].get(t, 0) for t, n in h1["by"].items())  # the changed identity's new target too

@@ -77,6 +77,8 @@ def markdown(result: dict[str, Any], command: str) -> str:
         + (f" ({c['n']:,} refused)" if c.get("refused") else ""), checked=True)
     row("sync mid-window: write -> logged (seconds, waited)", lambda c: _sync(c["sync"]))
     row("`show --json` after the window", lambda c: f"rc {c['show']['rc']}, {c['show']['seconds']:.1f} s")
+    row("agent resident memory at the end (peak)", lambda c: "-" if "memory" not in c else
+        f"{c['memory']['rss_kb'] / 1024:.0f} MB ({c['memory']['hwm_kb'] / 1024:.0f} MB)")
     row("listener's CPU / machine busy",
         lambda c: f"{c['listener_cpu_percent']:.1f} % / {c['machine_busy'] * 100:.0f} %")
     extra = result["extra_cpu_percent"]

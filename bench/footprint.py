@@ -107,10 +107,13 @@ def objects(n: int, affinity: bool) -> tuple[list[dict[str, Any]], list[dict[str
 # --- the agent under test ---------------------------------------------------------------------
 
 def start_agent(world: World, code: Path, work: Path, env: dict[str, str] | None = None) -> Agent:
-    """The agent of one code tree in the lab's gateway namespace, configured as in a pod."""
+    """The agent of one code tree in the lab's gateway namespace, configured as in a pod,
+    without health checks: nothing answers at the identities' backend addresses, and
+    their checks (up to 5% of a core, budgeted; bench/checks.py measures them and their
+    memory) would be what the idle and reaction figures measure."""
     return Agent(world.lab.gw_ns, ["--token-dir", str(world.token_dir), "--event-namespace", "kube-system"], work,
                  code=code, env={"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(API_PORT),
-                                 **(env or {})}).start()
+                                 **(env or {})}, checks=False).start()
 
 
 class World:

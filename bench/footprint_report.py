@@ -67,7 +67,8 @@ def markdown(result: dict[str, Any], command: str) -> str:
            f"`{command}` on {m['nproc']} x {m['cpu']}, kernel {m['kernel']}, {m['nft']}, Python {m['python']}. "
            "The agent as a process on the Kubernetes path, as in a gateway pod: the real `kubernetes` client over TLS "
            "to the fake API server in the gateway's namespace, which holds N identities x 4 rules with the metadata "
-           "the API returns (~1.5 KB a rule). Each code version measured the same way in the same run; targets "
+           "the API returns (~1.5 KB a rule), without health checks (nothing answers at those backends; the health "
+           "checks section gives their cost). Each code version measured the same way in the same run; targets "
            "(issue 13) are reported, never asserted.", "",
            "### Resident memory after the first sync (peak so far)", "",
            "| identities x 4 | mode | " + " | ".join(labels) + " | after / before |",
