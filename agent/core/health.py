@@ -110,7 +110,7 @@ def _value(key: str, value: str, kind: str) -> object:
     raise ValueError(f"{key!r} is not one of interval, timeout, rise, fall, path, status, port")
 
 
-@dataclass
+@dataclass(slots=True)
 class State:
     """One target's health as the results so far say."""
 

@@ -14,8 +14,14 @@ from typing import Any, Callable
 
 import structlog
 
+from agent import memory
+
 log = structlog.get_logger()
 QUERIES = ("ready", "live", "status", "memory")
+# An answer this large (bytes) is followed by a malloc_trim: the status of 40,000 health
+# targets (5.4 MB, with ~30 MB of objects while it is made) left glibc holding ~20 MB for
+# good, 103 -> 119-124 MB resident at 10,000 x 4; trimmed, 100 -> 104-108 MB.
+TRIM_AFTER = 1 << 20
 Answer = Callable[[str], tuple[bool, dict[str, Any]]]
 
 
@@ -55,7 +61,12 @@ class StatusServer:
                 try:
                     query = conn.recv(64).decode("ascii", "replace").strip()
                     ok, body = self._answer(query) if query in QUERIES else (False, {"error": f"unknown query {query!r}"})
-                    conn.sendall(json.dumps({"ok": ok, **body}).encode() + b"\n")
+                    data = json.dumps({"ok": ok, **body}).encode() + b"\n"
+                    del body
+                    conn.sendall(data)
+                    if len(data) > TRIM_AFTER:
+                        del data
+                        memory.trim()
                 except (OSError, ValueError) as err:
                     log.debug("status query failed", error=str(err))
 
