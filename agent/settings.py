@@ -161,7 +161,8 @@ class Settings:
     health_cpu_budget: float = 0.05
     """Share of one core the checks may use; beyond it their intervals stretch (and the
     agent says so), and checks start no faster than it pays for: 40,000 distinct backends
-    cannot all be checked every second."""
+    cannot all be checked every second. Their pace aims at 90% of it, the rest for what
+    the agent spends beside the checks themselves and for the estimate's swing."""
 
     hairpin_snat: bool = False
     """Provide the hairpin SNAT in the agent's table (outside Kubernetes): a client on the
