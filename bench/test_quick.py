@@ -438,8 +438,10 @@ def test_checks_section_is_written_into_the_report(checks: dict[str, Any], tmp_p
     assert text.count(checks_report.HEADING + "\n") == 1 and "## Busy neighbour\n\nkept" in text
     section = report.section_of(text, checks_report.HEADING)
     rows = [line for line in section.splitlines() if line.startswith("| ")]
-    assert len(rows) == 1 + 14 and all(line.count(" | ") == len(checks["cases"]) for line in rows)
+    assert len(rows) == 1 + 15 and all(line.count(" | ") == len(checks["cases"]) for line in rows)
     assert "FAILED" not in section and "NOT logged" not in section
+    memory = next(line for line in rows if line.startswith("| agent resident memory"))
+    assert memory.count(" MB (") == len(checks["cases"]), memory  # every case's, read from /proc
 
 
 def test_checks_left_no_namespace_behind(checks: dict[str, Any]) -> None:
