@@ -153,12 +153,6 @@ def ticks(pid: int, tid: int | None = None) -> int:
     return int(f[11]) + int(f[12])
 
 
-def memory(pid: int) -> dict[str, int]:
-    """Resident (VmRSS) and peak (VmHWM) in kB, from /proc/PID/status."""
-    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
-    return {"rss_kb": int(fields["VmRSS"].split()[0]), "hwm_kb": int(fields["VmHWM"].split()[0])}
-
-
 def measure(agent: Agent, listener: int, cfg: Config, rules: Path, idents: list[ids_mod.Identity],
             checks: bool) -> dict[str, Any]:
     """The agent's CPU over the window, a change in its middle; checks done, from the status."""
@@ -177,7 +171,7 @@ def measure(agent: Agent, listener: int, cfg: Config, rules: Path, idents: list[
                            "loop_cpu_percent": round((m1 - m0) / CLK_TCK / wall * 100, 3),
                            "listener_cpu_percent": round((l1 - l0) / CLK_TCK / wall * 100, 3),
                            "machine_busy": round((busy1 - busy0) / max(1, total1 - total0), 3), "sync": sync,
-                           "memory": memory(pid)}
+                           "memory": {"rss_kb": (vm := agent.status())["VmRSS"], "hwm_kb": vm["VmHWM"]}}
     if h0 is not None:
         h1 = health(agent)
         done = sum(n - h0["by"].get(t, 0) for t, n in h1["by"].items())  # the changed identity's new target too
