@@ -30,7 +30,8 @@ class H(http.server.BaseHTTPRequestHandler):
     def log_message(self, *a): pass
 class S(http.server.ThreadingHTTPServer):
     def handle_error(self, *a):  # the checks close once they have the status line: resets
-        pass
+        if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            super().handle_error(*a)
 s = S(("0.0.0.0", int(sys.argv[1])), H)
 print("ready", flush=True)
 s.serve_forever()
