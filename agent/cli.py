@@ -70,6 +70,10 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--hairpin-snat", action="store_true",
                        help="SNAT clients on the VPC side reaching an identity to its EIP, in the agent's own table "
                             "(outside Kubernetes; kube-ovn's gateway has its own hairpin rule)")
+        s.add_argument("--masquerade", action="store_true",
+                       help="SNAT every connection the agent DNATs, leaving by --vpc-interface, to this replica's "
+                            "address there, so answers return through it (an HA gateway's replicas: kube-ovn routes "
+                            "answers by a hash of the backend's address; backends then see the replica's address)")
         s.add_argument("--no-consistent-choice", dest="consistent_choice", action="store_false",
                        help="pick a ClientIP identity's backend for a new client at random, not by the table every "
                             "replica computes alike (saves 61 map elements per ClientIP identity; for gateways "
@@ -85,7 +89,11 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument(f"--health-{knob}", dest=attr, type=kind, default=getattr(Settings, attr),
                            help=f"{what} (default: %(default)s)")
         s.add_argument("--vpc-interface", default=Settings.vpc_interface, type=_interface_name,
-                       help="the gateway's VPC-side interface, for --hairpin-snat (default: %(default)s)")
+                       help="the gateway's VPC-side interface, for --hairpin-snat and --masquerade "
+                            "(default: %(default)s)")
+        s.add_argument("--masquerade-mark", default=Settings.masquerade_mark, type=_mark,
+                       help="conntrack mark bits --masquerade sets on the connections the agent DNATs "
+                            "(default: 0x%(default)x; the connection's mark, never the packet's)")
         s.add_argument("--hairpin-mark", default=Settings.hairpin_mark, type=_mark,
                        help="packet mark bits --hairpin-snat uses on a hairpin flow's first packet "
                             "(default: 0x%(default)x; kube-ovn's own rule uses 0x1)")
@@ -185,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     settings = Settings(gateway=args.gateway, from_dir=args.from_dir, kubeconfig=args.kubeconfig, table=args.table,
                         token_dir=args.token_dir, hairpin_snat=args.hairpin_snat, vpc_interface=args.vpc_interface,
-                        hairpin_mark=args.hairpin_mark, consistent_choice=args.consistent_choice,
+                        hairpin_mark=args.hairpin_mark, masquerade=args.masquerade,
+                        masquerade_mark=args.masquerade_mark, consistent_choice=args.consistent_choice,
                         health_checks=args.health_checks, health_interval=args.health_interval,
                         health_timeout=args.health_timeout, health_rise=args.health_rise, health_fall=args.health_fall,
                         health_cpu_budget=args.health_cpu_budget,

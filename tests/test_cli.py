@@ -92,7 +92,7 @@ def test_diff_plans_with_the_backends_the_running_agents_checks_have_down(monkey
     from agent.kernel.caps import probe
     from agent.ops.health import Health
     from agent.ops.status import StatusServer
-    from agent.run.planner import check_settings
+    from agent.run.planner import CHECK_SETTINGS, reported
     from agent.settings import Settings
     from tests.fakenft import FakeNft, edges, wired
     from tests.oracles import kept
@@ -117,7 +117,7 @@ def test_diff_plans_with_the_backends_the_running_agents_checks_have_down(monkey
         finally:
             server.close()
 
-    status = {"targets": [], "down": dump(down), "settings": check_settings(running)}
+    status = {"targets": [], "down": dump(down), "settings": reported(running, CHECK_SETTINGS)}
     assert diff(status) == 0 and capsys.readouterr().out == ""
     assert diff({**status, "down": []}) == 1  # with b up, the sync would put it back
     assert "10.0.1.12" in capsys.readouterr().out
@@ -126,7 +126,7 @@ def test_diff_plans_with_the_backends_the_running_agents_checks_have_down(monkey
     assert diff({**status, "down": [["10.0.1.12", "eighty"]]}) == 1
     assert "not a list of down targets" in capsys.readouterr().err
     assert diff({**status, "settings": {"health_rise": "two"}}) == 1
-    assert "not the agent's check settings" in capsys.readouterr().err
+    assert "not the agent's settings" in capsys.readouterr().err
 
 
 def test_diff_without_an_agent_or_a_private_namespace_says_so(monkeypatch, capsys, tmp_path):
