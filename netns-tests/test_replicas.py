@@ -16,7 +16,7 @@ connection lands on: from the rules and the client alone, not from a replica's h
                                                      10.0.1.11-14, `lab.traffic serve-addr` :8080
 
 Each replica SNATs what it forwards to the backends to its own address, so every answer
-returns through the replica that NATed the connection (what the README's HA section says
+returns through the replica that NATed the connection (what docs/deploying.md's HA section says
 HA needs). Every connection binds its own source address and a source port never used
 before in the test, so each replica's conntrack says which connections it took.
 
