@@ -73,7 +73,7 @@ def test_rule_names_reach_comments_truncated(web_objects):
     rs = rendered(many)
     comment = rs.elements["services"][("172.18.0.10", "tcp", 80)].comment
     assert len(comment) <= 128 and comment.endswith("more")
-    assert rs.elements["backend_1"][("172.18.0.10", "tcp", 80)].comment is None  # names only on services: see README
+    assert rs.elements["backend_1"][("172.18.0.10", "tcp", 80)].comment is None  # names only on services: see docs/dataplane.md
 
 
 def test_the_hairpin_snat_marks_vpc_side_packets_of_served_identities_only():
