@@ -29,7 +29,7 @@ STATE_DIR = "/run/natgw-agent"
 SERVICE_ACCOUNT = "natgw-agent"
 # Set it on the VpcNatGateway (spec.annotations: kube-ovn copies those onto its pods) to
 # decide masquerade for that gateway: "false" keeps client addresses in the HA form, "true"
-# turns it on for one replica too. Absent (or any other value): the form decides (masquerades).
+# turns it on for one replica too. Absent (or any other value): the form decides (masquerades()).
 MASQUERADE_ANNOTATION = "natgw.kube-ovn.io/masquerade"
 
 
