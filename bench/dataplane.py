@@ -11,7 +11,8 @@ one TCP server on 0.0.0.0:8080 answering with the address it was reached at. So 
 identity's rules are real and every answer names the backend the gateway picked.
 
 Gateways: the agent's table (through the agent's real code path, bench.sync_driver
---sync-only), stateless or ClientIP; and an iptables linear DNAT chain (the exclusive
+--sync-only), stateless, ClientIP, or stateless with --masquerade (each connection also
+SNATed to the gateway's eth0 address: what an HA gateway's replicas pay); and an iptables linear DNAT chain (the exclusive
 path: one `-d EIP -p tcp --dport P -j DNAT --to-destination B` per identity), loaded with
 iptables-legacy-restore and with iptables-nft-restore. The target is the identity whose
 iptables rule is the last of the chain (the worst case). Runs are interleaved across
@@ -35,7 +36,7 @@ SERVER_PORT = ids_mod.BACKEND_PORT
 
 @dataclass
 class Case:
-    kind: str  # "agent", "agent-clientip", "iptables-legacy", "iptables-nft"
+    kind: str  # "agent", "agent-clientip", "agent-masquerade" (stateless), "iptables-legacy", "iptables-nft"
     n: int
     runs: list[dict[str, Any]] = field(default_factory=list)
     setup: dict[str, Any] = field(default_factory=dict)
@@ -112,7 +113,8 @@ def program(case: Case, topo: Topology) -> None:
         try:
             ids_mod.write_manifests(rules, ids_mod.identities(case.n, affinity))
             out = json.loads(python_in(g, "bench.sync_driver", ["--dir", str(rules), "--n", str(case.n), "--sync-only"]
-                                      + (["--affinity"] if affinity else [])).stdout)
+                                      + (["--affinity"] if affinity else [])
+                                      + (["--masquerade"] if case.kind == "agent-masquerade" else [])).stdout)
         finally:
             shutil.rmtree(rules, ignore_errors=True)
         case.setup = {"sync_s": out["sync_s"], "identities": out["kernel"]["identities"], "rules_or_backends": out["kernel"]["backends"]}

@@ -26,6 +26,7 @@ MODES = ((False, "stateless"), (True, f"ClientIP (timeout {TIMEOUT} s)"))
 DP_LABELS = {
     "agent": "agent (stateless)",
     "agent-clientip": "agent (ClientIP)",
+    "agent-masquerade": "agent (stateless, --masquerade)",
     "iptables-legacy": "iptables linear chain (iptables-legacy)",
     "iptables-nft": "iptables linear chain (iptables-nft)",
 }

@@ -48,10 +48,10 @@ class Config:
 
 FULL = Config(mode="full", sizes=(100, 1000, 10000), legacy_max=1000, change_sizes=(100, 10000),
               legacy_clientip_change_max=1000,
-              dp_kinds=("agent", "agent-clientip", "iptables-legacy", "iptables-nft"), dp_sizes=(10, 10000),
+              dp_kinds=("agent", "agent-clientip", "agent-masquerade", "iptables-legacy", "iptables-nft"), dp_sizes=(10, 10000),
               dp_runs=5, dp_connections=2000, dp_warmup=50)
 QUICK = Config(mode="quick", sizes=(10, 100), legacy_max=100, change_sizes=(10, 100), legacy_clientip_change_max=100,
-               dp_kinds=("agent", "agent-clientip", "iptables-legacy", "iptables-nft"), dp_sizes=(10, 1000),
+               dp_kinds=("agent", "agent-clientip", "agent-masquerade", "iptables-legacy", "iptables-nft"), dp_sizes=(10, 1000),
                dp_runs=3, dp_connections=300, dp_warmup=20, retire_delay=0.2, agent_retry_wait=20.0,
                settle_max=2.0, choice=choice.QUICK)
 

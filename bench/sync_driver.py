@@ -150,6 +150,7 @@ def main() -> int:
     p.add_argument("--affinity", action="store_true")
     p.add_argument("--no-consistent-choice", action="store_true", help="ClientIP's first choice at random")
     p.add_argument("--sync-only", action="store_true", help="only the full sync (data-plane set-up)")
+    p.add_argument("--masquerade", action="store_true", help="the agent's connections SNATed to the gateway's eth0")
     args = p.parse_args()
     _quiet()
     idents = ids_mod.identities(args.n, args.affinity)
@@ -162,7 +163,8 @@ def main() -> int:
     out["parse_s"] = time.perf_counter() - t0
     out["objects"] = len(src.objects())
 
-    r = connected(Settings(gateway="gw1", conntrack=False, consistent_choice=not args.no_consistent_choice))
+    r = connected(Settings(gateway="gw1", conntrack=False, consistent_choice=not args.no_consistent_choice,
+                           masquerade=args.masquerade))
     clock = _Clock(r.nft)
     modules_before = set(sys.modules)
     t0 = time.perf_counter()
