@@ -3,8 +3,8 @@ valid (`promtool check rules`), each alert fires on a series that should fire it
 stays silent on one that should not (`promtool test rules`), the PrometheusRule says the
 same as the plain rules file, every alert carries a severity, a summary, a description and
 a runbook that exists in docs/alerts.md, every dashboard query parses, and every metric the
-rules and the dashboard read is one the agent exports. (netns-tests/test_monitoring.py runs
-them against a real Prometheus scraping a running agent.)"""
+rules and the dashboard read is one the agent exports. (netns-tests/test_monitoring_prometheus.py
+runs them against a real Prometheus scraping a running agent.)"""
 from __future__ import annotations
 
 import json
