@@ -11,7 +11,7 @@ from agent import log as logsetup
 from agent.core.consistent import address_bytes
 from agent.deploy import webhook
 from agent.deploy.inject import GATEWAY_ANNOTATION, Options as InjectOptions
-from agent.deploy.supervise import supervise
+from agent.deploy.supervise import ARGS_HELP, DESCRIPTION as SUPERVISE_DESCRIPTION, HELP_FLAGS, supervise
 from agent.kernel.nft import IDENTIFIER
 from agent.ops import show, status
 from agent.run import daemon, oneshot
@@ -51,7 +51,10 @@ def _client_address(value: str) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="natgw-agent", description=__doc__)
+    p = argparse.ArgumentParser(prog="natgw-agent", description=(
+        "Program kube-ovn share DNAT rules (one EIP:port over many backends, optionally with ClientIP "
+        "affinity) into the gateway's nftables table, and keep them programmed; or inspect, clean up, probe, "
+        "supervise or inject the agent."))
     p.add_argument("--log-format", choices=["auto", "json", "console"], default="auto")
     p.add_argument("--log-level", default="info")
     p.add_argument("--table", default=Settings.table, type=_table_name,
@@ -60,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     for name, text in (("run", "program and keep programming the gateway"),
                        ("render", "print the desired state as the nft JSON it would send, touching nothing"),
                        ("diff", "print what differs between the desired state and the kernel; exit 1 if anything")):
-        s = sub.add_parser(name, help=text)
+        s = sub.add_parser(name, help=text, description=text)
         s.add_argument("--gateway", default=os.environ.get("GATEWAY_NAME", ""), help="gateway name (default: $GATEWAY_NAME)")
         s.add_argument("--from-dir", type=Path, help="read rules from this directory instead of the Kubernetes API")
         s.add_argument("--kubeconfig", type=Path, help="kubeconfig for the API (default: in-cluster service account)")
@@ -70,6 +73,10 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--hairpin-snat", action="store_true",
                        help="SNAT clients on the VPC side reaching an identity to its EIP, in the agent's own table "
                             "(outside Kubernetes; kube-ovn's gateway has its own hairpin rule)")
+        s.add_argument("--masquerade", action="store_true",
+                       help="SNAT every connection the agent DNATs, leaving by --vpc-interface, to this replica's "
+                            "address there, so answers return through it (an HA gateway's replicas: kube-ovn routes "
+                            "answers by a hash of the backend's address; backends then see the replica's address)")
         s.add_argument("--no-consistent-choice", dest="consistent_choice", action="store_false",
                        help="pick a ClientIP identity's backend for a new client at random, not by the table every "
                             "replica computes alike (saves 61 map elements per ClientIP identity; for gateways "
@@ -85,7 +92,11 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument(f"--health-{knob}", dest=attr, type=kind, default=getattr(Settings, attr),
                            help=f"{what} (default: %(default)s)")
         s.add_argument("--vpc-interface", default=Settings.vpc_interface, type=_interface_name,
-                       help="the gateway's VPC-side interface, for --hairpin-snat (default: %(default)s)")
+                       help="the gateway's VPC-side interface, for --hairpin-snat and --masquerade "
+                            "(default: %(default)s)")
+        s.add_argument("--masquerade-mark", default=Settings.masquerade_mark, type=_mark,
+                       help="conntrack mark bits --masquerade sets on the connections the agent DNATs "
+                            "(default: 0x%(default)x; the connection's mark, never the packet's)")
         s.add_argument("--hairpin-mark", default=Settings.hairpin_mark, type=_mark,
                        help="packet mark bits --hairpin-snat uses on a hairpin flow's first packet "
                             "(default: 0x%(default)x; kube-ovn's own rule uses 0x1)")
@@ -106,7 +117,8 @@ def _parser() -> argparse.ArgumentParser:
                            help="remove the legacy kube-ovn table's objects for the identities the agent serves")
             s.add_argument("--state-dir", type=Path, default=Settings.state_dir,
                            help="where the agent keeps its status socket (agent.sock)")
-    show_cmd = sub.add_parser("show", help="print what the kernel holds, one block per identity")
+    text = "print what the kernel holds, one block per identity, with the running agent's health checks"
+    show_cmd = sub.add_parser("show", help=text, description=text)
     show_cmd.add_argument("--json", action="store_true", help="machine-readable output")
     show_cmd.add_argument("--state-dir", type=Path, default=Settings.state_dir,
                           help="where the running agent's status socket is (its capabilities and problems)")
@@ -117,8 +129,10 @@ def _parser() -> argparse.ArgumentParser:
     show_cmd.add_argument("--memory", action="store_true",
                           help="the running agent's memory instead: resident, peak, malloc's heap, and Python's objects "
                                "by file when it runs with PYTHONTRACEMALLOC=1 (JSON)")
-    sub.add_parser("cleanup", help="remove everything the agent owns (its table); nothing else is touched")
-    health_cmd = sub.add_parser("health", help="ask the running agent (exec probes): exit 0 if ready or live, 1 if not")
+    text = "remove everything the agent owns (its table); nothing else is touched (for a stopped agent)"
+    sub.add_parser("cleanup", help=text, description=text)
+    text = "ask the running agent (exec probes): exit 0 if ready, live or routable, 1 if not"
+    health_cmd = sub.add_parser("health", help=text, description=text)
     which = health_cmd.add_mutually_exclusive_group(required=True)
     which.add_argument("--ready", action="store_true", help="the first full sync is done and nothing keeps it from serving")
     which.add_argument("--live", action="store_true", help="its loop is not wedged")
@@ -128,10 +142,10 @@ def _parser() -> argparse.ArgumentParser:
     health_cmd.add_argument("--state-dir", type=Path, default=Settings.state_dir, help="where its status socket is")
     health_cmd.add_argument("--timeout", type=float, default=1.0, help="seconds to wait for an answer")
     sup = sub.add_parser("supervise", help="run `natgw-agent ARGS...` and start it again at once when it dies "
-                                           "(the agent container's main process)")
-    sup.add_argument("args", nargs="*", help="the worker's arguments, e.g. --log-format json run (everything after "
-                                             "`supervise` is the worker's)")
-    inj = sub.add_parser("inject", help="the admission webhook adding the agent to kube-ovn gateway pods")
+                                           "(the agent container's main process)", description=SUPERVISE_DESCRIPTION)
+    sup.add_argument("args", nargs="*", metavar="ARGS", help=ARGS_HELP)
+    text = "serve the admission webhook that adds the agent's container to kube-ovn gateway pods"
+    inj = sub.add_parser("inject", help=text, description=text)
     inj.add_argument("--listen", default=":8443", help="host:port to serve HTTPS on")
     inj.add_argument("--tls-cert", required=True, help="certificate (PEM) the API server trusts")
     inj.add_argument("--tls-key", required=True)
@@ -155,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     if "supervise" in argv:  # everything after it is the worker's, options included
         at = argv.index("supervise")
         argv, worker = argv[:at + 1], argv[at + 1:]
+        if worker[:1] and worker[0] in HELP_FLAGS:  # the supervisor's own help, not a worker's
+            argv.append(worker.pop(0))
     args = _parser().parse_args(argv)
     logsetup.configure(args.log_format, args.log_level)
     if args.command == "supervise":
@@ -185,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     settings = Settings(gateway=args.gateway, from_dir=args.from_dir, kubeconfig=args.kubeconfig, table=args.table,
                         token_dir=args.token_dir, hairpin_snat=args.hairpin_snat, vpc_interface=args.vpc_interface,
-                        hairpin_mark=args.hairpin_mark, consistent_choice=args.consistent_choice,
+                        hairpin_mark=args.hairpin_mark, masquerade=args.masquerade,
+                        masquerade_mark=args.masquerade_mark, consistent_choice=args.consistent_choice,
                         health_checks=args.health_checks, health_interval=args.health_interval,
                         health_timeout=args.health_timeout, health_rise=args.health_rise, health_fall=args.health_fall,
                         health_cpu_budget=args.health_cpu_budget,

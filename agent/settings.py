@@ -178,5 +178,21 @@ class Settings:
     the postrouting chain, on a hairpin flow's first packet only. kube-ovn's own hairpin
     rule uses 0x1; pick bits no policy routing rule of the gateway looks at."""
 
+    masquerade: bool = False
+    """SNAT every connection the agent DNATs that leaves by `vpc_interface` to this
+    replica's own address there (nft `masquerade`), so the backend's answer comes back
+    through the replica that holds the connection's conntrack entry. An HA gateway needs
+    it: kube-ovn routes the VPC's traffic to its replicas by an ECMP hash of the source
+    (the backend's) address, so an answer reaches another replica for two of three
+    connections with three replicas, and is lost. Backends then see the replica's
+    address, not the client's. The agent's identities only: kube-ovn's own rules are
+    untouched; the choice (pins, buckets) still sees the client's address."""
+
+    masquerade_mark: int = 0x4000
+    """Conntrack mark bit that carries "DNATed by the agent" from the identity's slot chain
+    to the postrouting chain (`ct mark set ct mark | M`, then `ct mark & M == M
+    masquerade`). The connection's mark, not the packet's: kube-ovn owns the packet mark
+    (its hairpin bit 0x1) and nothing in its gateway uses the conntrack mark."""
+
     watch: WatchSettings = field(default_factory=WatchSettings)
     """The Kubernetes source's list and watch (unused with from_dir)."""

@@ -99,7 +99,7 @@ def markdown(result: dict[str, Any], command: str) -> str:
         out += _where_it_goes(v)
     if len(versions) > 1 and not versions[0].get("traced"):
         out += ["", f"{versions[0]['label']}: its breakdown was not measured in this run. What changed between the "
-                "two is in README.md, \"Speed\"."]
+                "two is in docs/speed.md, \"Memory, reaction and rest\"."]
     out += ["", "### Reaction at 10,000 identities (stateless)", "",
             "| | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
 

@@ -391,9 +391,32 @@ def cmd_syn(args: argparse.Namespace) -> int:
 # ------------------------------------------------- for the benchmarks (bench/)
 
 
+_IP_PKTINFO = 8  # linux/in.h; Python's socket module does not name it on every build
+_PKTINFO = struct.Struct("=I4s4s")  # struct in_pktinfo: ifindex, spec_dst, addr
+
+
+def _udp_echo_addr(port: int) -> None:
+    """Answer every datagram with the address it was sent to, from that address (its
+    in_pktinfo): a socket bound to 0.0.0.0 would answer from the route's address, which
+    is not the backend the gateway DNATed to, and its conntrack would not un-NAT it."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.IPPROTO_IP, _IP_PKTINFO, 1)
+    s.bind(("0.0.0.0", port))
+    while True:
+        _, ancillary, _, peer = s.recvmsg(2048, socket.CMSG_SPACE(_PKTINFO.size))
+        for level, kind, data in ancillary:
+            if level == socket.IPPROTO_IP and kind == _IP_PKTINFO:
+                _, _, reached = _PKTINFO.unpack(data[:_PKTINFO.size])
+                reply = _PKTINFO.pack(0, reached, bytes(4))
+                s.sendmsg([socket.inet_ntoa(reached).encode()], [(socket.IPPROTO_IP, _IP_PKTINFO, reply)], 0, peer)
+
+
 def cmd_serve_addr(args: argparse.Namespace) -> int:
     """Answer every connection with the address it was reached at (the backend the
-    gateway chose, where the namespace holds many as local), one at a time."""
+    gateway chose, where the namespace holds many as local), one at a time; with --udp,
+    datagrams to the same port too."""
+    if args.udp:
+        threading.Thread(target=_udp_echo_addr, args=(args.port,), daemon=True).start()
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind(("0.0.0.0", args.port))
@@ -552,6 +575,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = sub.add_parser("serve-addr", help="TCP server answering with the address it was reached at")
     a.add_argument("--port", type=int, default=8080)
+    a.add_argument("--udp", action="store_true", help="also answer UDP datagrams to the port, from the address reached")
     a.set_defaults(func=cmd_serve_addr)
 
     t = sub.add_parser("timed", help="timed fresh TCP connections from distinct source ports")

@@ -149,7 +149,7 @@ def test_hostile_files_beside_a_valid_one(lab, agent):
 
 
 def test_unparseable_files_are_reported_as_such_and_lose_no_change(lab, agent):
-    """README: a file that fails to parse keeps its last good content (logged). Written in
+    """docs/input.md: a file that fails to parse keeps its last good content (logged). Written in
     the same moment as a valid file, it must neither hide that file's change nor be logged
     as anything but a parse failure."""
     for name, data in UNPARSEABLE.items():

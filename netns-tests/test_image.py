@@ -9,6 +9,7 @@ Run on the host only (`make test-image`): the Debian roots' runs ignore this fil
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -24,9 +25,9 @@ import pytest
 from packaging.requirements import Requirement
 from pyroute2.netns import create_socket
 
-from agent.deploy.inject import STATE_VOLUME, TOKEN_VOLUME, Options
-from gwtest import APP, BACKENDS, CLIENTS, EIP, ROOT, WEB, eip_doc, wait_for
-from lab.topology import Lab
+from agent.deploy.inject import GATEWAY_ANNOTATION, STATE_VOLUME, TOKEN_VOLUME, Options
+from gwtest import APP, BACKENDS, CLIENTS, EIP, GATEWAY, ROOT, WEB, eip_doc, wait_for
+from lab.topology import GW_BACKEND_IP, Lab
 from podman import SANDBOX, Container, image_under_test, podman, remove_built
 from tests.kubefake import FakeKube
 from tests.kubefake.tls import make_certs
@@ -34,7 +35,9 @@ from tests.podspec import Pod, Run, injected, materialize, run_args
 
 API_HOST, API_PORT = "127.0.0.1", 16443  # where the pod reaches the API (here: inside its own namespace)
 RULES, EIPS = "iptables-dnat-rules", "iptables-eips"
-POD = ROOT / "tests" / "fixtures" / "kube-ovn" / "statefulset-pod.yaml"  # as kube-ovn's controller makes it
+PODS = ROOT / "tests" / "fixtures" / "kube-ovn"  # gateway pods as kube-ovn's controller makes them
+POD = PODS / "statefulset-pod.yaml"
+HA_POD = PODS / "deployment-pod.yaml"  # the HA form: a ReplicaSet's pod
 MEMORY_JSON = ROOT / "build" / "image-memory.json"
 # A generous sanity bound for the whole container (supervisor and worker): measured here
 # 42 MiB (cgroup rss, 2 identities; 67 MiB of VmRSS summed); the injector's limit is 256Mi.
@@ -63,10 +66,10 @@ class PodRun:
     """The agent's container as the injector puts it in a kube-ovn gateway pod, its volumes
     laid out on the host; start() runs a new container of it (removed at the end)."""
 
-    def __init__(self, lab: Lab, image: str, ca: Path, tmp_path: Path) -> None:
+    def __init__(self, lab: Lab, image: str, ca: Path, tmp_path: Path, form: Path = POD) -> None:
         import yaml
 
-        doc = yaml.safe_load(POD.read_text())
+        doc = yaml.safe_load(form.read_text())
         container, volumes = injected(doc, Options(image=image, api_host=API_HOST, api_port=str(API_PORT)))
         self.pod = Pod.of(doc)
         self.dirs = {TOKEN_VOLUME: tmp_path / "token", STATE_VOLUME: tmp_path / "state"}
@@ -128,8 +131,8 @@ def wait_programmed(pod: PodRun, container: Container, count: int = 2) -> None:
         raise AssertionError(f"{exc}; its last warnings: {warnings[-3:]}") from None
 
 
-def serve_rules(fake: FakeKube) -> None:
-    fake.create(EIPS, eip_doc())
+def serve_rules(fake: FakeKube, gateway: str = GATEWAY) -> None:
+    fake.create(EIPS, eip_doc(gateway=gateway))
     for doc in (*WEB, *APP):
         fake.create(RULES, doc)
 
@@ -217,6 +220,31 @@ def test_podman_stop_leaves_the_rules_and_a_new_container_sends_nothing(pod: Pod
     logs = second.logs()
     assert any(e.get("event") == "starting" for e in logs), logs[:5]
     assert [e for e in logs if e.get("event") == "synced" and e.get("commands")] == []
+
+
+def test_the_ha_form_masquerades_as_the_injector_says(lab: Lab, image: str, api: tuple[FakeKube, Path],
+                                                      tmp_path: Path) -> None:
+    """Issue 29: the agent's container as the injector puts it into an HA gateway's pod (a
+    ReplicaSet's) runs with --masquerade: its table masquerades the agent's connections,
+    the start-up log says so, and a connection's answer is addressed to the gateway's own
+    eth0 address, not to the client."""
+    import yaml
+
+    running = PodRun(lab, image, api[1], tmp_path, HA_POD)
+    try:
+        assert "--masquerade" in running.spec["command"]
+        serve_rules(api[0], yaml.safe_load(HA_POD.read_text())["metadata"]["annotations"][GATEWAY_ANNOTATION])
+        container = running.start()
+        wait_programmed(running, container)
+        assert 'oifname "eth0" ct mark & 0x00004000 == 0x00004000 masquerade fully-random' in running.ruleset()
+        assert [e["masquerade"] for e in container.logs() if e.get("event") == "starting"] == ["eth0"]
+        assert lab.tcp_connect(EIP, 80, 10)["failed"] == 0
+        out = lab.run_in(lab.gw_ns, ["conntrack", "-L", "-p", "tcp", "--orig-dst", EIP, "--dport", "80"],
+                         capture_output=True, text=True, check=True).stdout
+        answered_to = {re.findall(r"dst=(\S+)", line)[1] for line in out.splitlines() if "dst=" in line}
+        assert answered_to == {GW_BACKEND_IP}, out
+    finally:
+        running.remove_all()
 
 
 def test_the_image_holds_the_agent_python_and_nftables_and_nothing_for_tests(image: str) -> None:

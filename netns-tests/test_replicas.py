@@ -1,23 +1,28 @@
-"""Three gateway replicas behind an ECMP router (issue 21: every replica agrees).
+"""Three gateway replicas, routed as kube-ovn routes an HA gateway (issues 21 and 29).
 
 kube-ovn's HA gateway runs several replicas, each holding every EIP and running its own
-agent from the same rules; an upstream router spreads connections over them on the L4
-hash. A ClientIP identity must send a client to the same backend whichever replica a
-connection lands on: from the rules and the client alone, not from a replica's history.
+agent from the same rules. Connections from outside arrive by the upstream router's ECMP
+over the replicas (L4 hash); the VPC's traffic toward the gateway, the backends' answers
+included, goes to the replicas by an OVN select group hashed on addresses (#6661, #6953),
+not to the replica that NATed the connection. Nothing in the lab SNATs.
 
     NAME-client                NAME-router                          NAME-gwK (K = 1, 2, 3)
     eth0 172.30.0.101-160  <-> eth0 172.30.0.1/24
          default via .1        rK 172.19.K.1/24  <-------------->  net1 172.19.K.2/24 + EIP/32
                                EIP/32: nexthop via 172.19.1.2         default via 172.19.K.1
-                                       nexthop via 172.19.2.2         eth0 10.0.1.K/24, SNAT to it
+                                       nexthop via 172.19.2.2         eth0 10.0.1.K/24
                                        nexthop via 172.19.3.2          |
                                (ECMP on the flow's 5-tuple)           |
                                                      NAME-b1: bridge br0 (ports g1 g2 g3)
-                                                     10.0.1.11-14, `lab.traffic serve-addr` :8080
+                                                     10.0.1.11-14, `lab.traffic serve-addr --udp` :8080
+                                                     default: nexthop via 10.0.1.1, .2, .3
+                                                     (ECMP on the addresses: OVN's select group)
 
-Each replica SNATs what it forwards to the backends to its own address, so every answer
-returns through the replica that NATed the connection (what the README's HA section says
-HA needs). Every connection binds its own source address and a source port never used
+Without --masquerade a backend's answer reaches the replica its addresses hash to: two of
+three connections, answered by a replica with no conntrack entry of them, are lost
+(test_without_masquerade_...). With it (what the injector sets for the HA form) each
+replica SNATs what it sends to the backends to its own eth0 address, so every answer comes
+back to it. Every connection binds its own source address and a source port never used
 before in the test, so each replica's conntrack says which connections it took.
 
 Before the consistent choice, each replica picked an unpinned client's backend with
@@ -41,7 +46,7 @@ from agent.core.consistent import choose
 from agent.core.model import Backend
 from lab.topology import Namespaces
 
-STICKY, STATELESS = 80, 81  # EIP:80 ClientIP, EIP:81 no affinity: the same four backends
+STICKY, STATELESS, DATAGRAMS = 80, 81, 53  # EIP:80 ClientIP, :81 no affinity, :53/udp: the same four backends
 TIMEOUT = 600
 BACKEND_PORT = 8080
 BACKENDS = [f"10.0.1.{i}" for i in range(11, 15)]
@@ -56,6 +61,9 @@ PER_CLIENT = 8
 # the 5-tuple itself, as an L4-hashing router does, so the router can say in advance
 # which replica a source port reaches (Ecmp.routed).
 ROUTER_HASH = ("net.ipv4.fib_multipath_hash_policy=3", "net.ipv4.fib_multipath_hash_fields=0x37")
+# The backends' way back: policy 0 hashes the source and destination addresses only, as
+# OVN's select group on ip_src (and an L3 router) does.
+BACKEND_HASH = ("net.ipv4.fib_multipath_hash_policy=0",)
 # The stateless identity's spread is checked over 60 x 40 connections, not 60 x 8: with
 # 480, a backend's count has a relative standard deviation of sqrt(3 / 480) = 7.9%, so a
 # fair spread would miss the 15% bound about once in five runs; with 2,400 it is 3.5%
@@ -83,19 +91,23 @@ def rules(sticky: list[int], stateless: list[int]) -> str:
     return yaml_docs(eip_doc(),
                      *(rule_doc(f"sticky-{i}", STICKY, BACKENDS[i], BACKEND_PORT, affinity="ClientIP",
                                 timeout=TIMEOUT) for i in sticky),
-                     *(rule_doc(f"stateless-{i}", STATELESS, BACKENDS[i], BACKEND_PORT) for i in stateless))
+                     *(rule_doc(f"stateless-{i}", STATELESS, BACKENDS[i], BACKEND_PORT) for i in stateless),
+                     *(rule_doc(f"datagrams-{i}", DATAGRAMS, BACKENDS[i], BACKEND_PORT, proto="udp")
+                       for i in stateless))
 
 
 def served(sticky: list[int], stateless: list[int]) -> dict[str, list[str]]:
     """What `natgw-agent show --json` lists once a replica holds these backends."""
     return {f"{EIP}:{STICKY}/tcp": sorted(f"{BACKENDS[i]}:{BACKEND_PORT}" for i in sticky),
-            f"{EIP}:{STATELESS}/tcp": sorted(f"{BACKENDS[i]}:{BACKEND_PORT}" for i in stateless)}
+            f"{EIP}:{STATELESS}/tcp": sorted(f"{BACKENDS[i]}:{BACKEND_PORT}" for i in stateless),
+            f"{EIP}:{DATAGRAMS}/udp": sorted(f"{BACKENDS[i]}:{BACKEND_PORT}" for i in stateless)}
 
 
 class Ecmp:
-    """The namespaces above, the backends' server and an agent per replica."""
+    """The namespaces above, the backends' server and an agent per replica (with
+    --masquerade unless told otherwise)."""
 
-    def __init__(self, net: Namespaces, tmp_path: Path) -> None:
+    def __init__(self, net: Namespaces, tmp_path: Path, masquerade: bool = True) -> None:
         self.net = net
         self.ns = net.names
         self.agents: dict[str, Agent] = {}
@@ -103,7 +115,8 @@ class Ecmp:
         for role in REPLICAS:
             self.rules_dirs[role] = tmp_path / role
             self.rules_dirs[role].mkdir()
-            self.agents[role] = Agent(net, self.rules_dirs[role], tmp_path / f"{role}.log", ns=self.ns[role])
+            args = ["--from-dir", str(self.rules_dirs[role]), *(["--masquerade"] if masquerade else [])]
+            self.agents[role] = Agent(net, self.rules_dirs[role], tmp_path / f"{role}.log", args, ns=self.ns[role])
         self.next_port = {client: 20000 for client in CLIENTS}  # see ports()
 
     # ------------------------------------------------------------------ building
@@ -132,10 +145,7 @@ class Ecmp:
             batch(role, [f"link add eth0 type veth peer name g{k} netns {ns['b1']}", "link set net1 up",
                          f"addr add 172.19.{k}.2/24 dev net1", f"addr add {EIP}/32 dev net1", "link set eth0 up",
                          f"addr add 10.0.1.{k}/24 dev eth0", f"route add default via 172.19.{k}.1"])
-            # What HA needs from the network: answers back through the replica that NATed.
-            run(["ip", "netns", "exec", ns[role], "nft", "-f", "-"],
-                f"table ip replica {{\n chain out {{\n  type nat hook postrouting priority srcnat; policy accept;\n"
-                f'  oifname "eth0" snat to 10.0.1.{k}\n }}\n}}\n')
+        sysctl("b1", *BACKEND_HASH)
         if Path("/proc/sys/net/bridge/bridge-nf-call-iptables").exists():  # see lab.topology
             sysctl("b1", "net.bridge.bridge-nf-call-iptables=0")
         backends = ["link add br0 type bridge"]
@@ -145,14 +155,18 @@ class Ecmp:
         batch("client", ["link set eth0 up", *(f"addr add {c}/24 dev eth0" for c in CLIENTS),
                          "route add default via 172.30.0.1"])
         self.route(REPLICAS)
-        server = self.net.popen_in(ns["b1"], [sys.executable, "-m", "lab.traffic", "serve-addr", "--port",
+        server = self.net.popen_in(ns["b1"], [sys.executable, "-m", "lab.traffic", "serve-addr", "--udp", "--port",
                                               str(BACKEND_PORT)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
         assert server.stdout is not None and server.stdout.readline().strip() == "ready"
 
     def route(self, replicas: tuple[str, ...]) -> None:
-        """The router's multipath route to the EIP, one next hop per replica named."""
-        hops = [w for role in replicas for w in ("nexthop", "via", f"172.19.{REPLICAS.index(role) + 1}.2")]
-        run(["ip", "-n", self.ns["router"], "route", "replace", f"{EIP}/32", *hops])
+        """The replicas named carry traffic, as kube-ovn routes its Ready ones: the router's
+        multipath route to the EIP and the backends' default route, a next hop each."""
+        k = [REPLICAS.index(role) + 1 for role in replicas]
+        run(["ip", "-n", self.ns["router"], "route", "replace", f"{EIP}/32",
+             *(w for i in k for w in ("nexthop", "via", f"172.19.{i}.2"))])
+        run(["ip", "-n", self.ns["b1"], "route", "replace", "default",
+             *(w for i in k for w in ("nexthop", "via", f"10.0.1.{i}"))])
 
     # ------------------------------------------------------------------ agents
 
@@ -183,16 +197,23 @@ class Ecmp:
         self.next_port[client] += count
         return list(range(first, first + count))
 
-    def connect(self, port: int, pairs: list[tuple[str, int]]) -> list[dict[str, Any]]:
-        """One connection per (client, source port) to EIP:port: who answered, and which
-        replica took it (from the replicas' conntrack). Every connection must succeed."""
+    def exchange(self, port: int, pairs: list[tuple[str, int]], proto: str = "tcp",
+                 timeout: float = 2.0) -> list[tuple[str, int, str | None, str | None]]:
+        """One connection (TCP) or exchange (UDP) per (client, source port) to EIP:port:
+        (client, source port, the backend that answered or None, the error or None)."""
         out = run(["ip", "netns", "exec", self.ns["client"], sys.executable,
                    str(ROOT / "netns-tests" / "scripts" / "replica_clients.py")],
-                  json.dumps({"eip": EIP, "port": port, "connections": pairs}), timeout=120)
-        done = json.loads(out.strip().splitlines()[-1])
+                  json.dumps({"eip": EIP, "port": port, "proto": proto, "timeout": timeout, "connections": pairs}),
+                  timeout=120)
+        return [tuple(d) for d in json.loads(out.strip().splitlines()[-1])]  # type: ignore[misc]
+
+    def connect(self, port: int, pairs: list[tuple[str, int]], proto: str = "tcp") -> list[dict[str, Any]]:
+        """One connection per (client, source port) to EIP:port: who answered, and which
+        replica took it (from the replicas' conntrack). Every connection must succeed."""
+        done = self.exchange(port, pairs, proto)
         failed = [d for d in done if d[3] is not None or d[2] not in BACKENDS]
-        assert not failed, f"{len(failed)} of {len(done)} connections to :{port} failed, e.g. {failed[:5]}"
-        took = self.conntrack(port)
+        assert not failed, f"{len(failed)} of {len(done)} connections to :{port}/{proto} failed, e.g. {failed[:5]}"
+        took = self.conntrack(port, proto)
         records = []
         for client, sport, answer, _ in done:
             where = took.get((client, sport), [])
@@ -200,14 +221,14 @@ class Ecmp:
             records.append({"client": client, "sport": sport, "backend": answer, "replica": where[0]})
         return records
 
-    def round(self, port: int, per_client: int) -> list[dict[str, Any]]:
-        return self.connect(port, [(c, p) for c in CLIENTS for p in self.ports(c, per_client)])
+    def round(self, port: int, per_client: int, proto: str = "tcp") -> list[dict[str, Any]]:
+        return self.connect(port, [(c, p) for c in CLIENTS for p in self.ports(c, per_client)], proto)
 
-    def conntrack(self, port: int) -> dict[tuple[str, int], list[str]]:
+    def conntrack(self, port: int, proto: str = "tcp") -> dict[tuple[str, int], list[str]]:
         """(client, source port) -> the replicas holding a conntrack entry of it to EIP:port."""
         took: dict[tuple[str, int], list[str]] = {}
         for role in REPLICAS:
-            out = run(["ip", "netns", "exec", self.ns[role], "conntrack", "-L", "-p", "tcp", "--orig-dst", EIP,
+            out = run(["ip", "netns", "exec", self.ns[role], "conntrack", "-L", "-p", proto, "--orig-dst", EIP,
                        "--dport", str(port)])
             for line in out.splitlines():
                 if m := re.search(r"src=(\S+) dst=\S+ sport=(\d+)", line):
@@ -266,9 +287,9 @@ class Ecmp:
 
 
 @contextlib.contextmanager
-def ecmp_lab(tmp_path: Path) -> Iterator[Ecmp]:
+def ecmp_lab(tmp_path: Path, masquerade: bool = True) -> Iterator[Ecmp]:
     with Namespaces(("client", "router", "gw1", "gw2", "gw3", "b1")) as net:
-        built = Ecmp(net, tmp_path)
+        built = Ecmp(net, tmp_path, masquerade)
         try:
             built.build()
             yield built
@@ -375,12 +396,15 @@ def test_every_replica_sends_a_client_to_the_same_backend(tmp_path: Path) -> Non
         wrong = {c: (sorted(after[c]), choose(survivors, c).ip) for c in orphans if after[c] != {choose(survivors, c).ip}}
         assert not wrong, f"{len(wrong)} of {len(orphans)} clients of {gone} not where choose() says: {wrong}"
 
-        # 5. The stateless identity spreads per connection, evenly, failing none.
+        # 5. The stateless identity spreads per connection, evenly, failing none; UDP too.
         counts = Counter(r["backend"] for r in lab.round(STATELESS, STATELESS_PER_CLIENT))
         print(f"5. connections per backend {dict(sorted(counts.items()))}")
         total = len(CLIENTS) * STATELESS_PER_CLIENT
         uneven = {ip: counts[ip] for ip in BACKENDS if abs(counts[ip] - total / 4) > SHARE_TOLERANCE * total / 4}
         assert not uneven, f"shares beyond {SHARE_TOLERANCE:.0%} of {total / 4:.0f}: {dict(counts)}"
+        datagrams = lab.round(DATAGRAMS, PER_CLIENT, "udp")
+        print(f"5. UDP exchanges per replica {dict(sorted(Counter(r['replica'] for r in datagrams).items()))}")
+        assert {r["replica"] for r in datagrams} == {"gw1", "gw2"}
         for role, agent in lab.agents.items():
             assert agent.proc is not None and agent.proc.poll() is None, f"{role}'s agent died"
 
@@ -403,7 +427,9 @@ def test_replicas_checking_on_their_own_agree_once_both_saw_a_failure(tmp_path: 
             f"table ip dead {{\n chain in {{\n  type filter hook input priority 0; policy accept;\n"
             f"  ip daddr {dead} tcp dport {BACKEND_PORT} reject with tcp reset\n }}\n}}\n")
         kept = [i for i, ip in enumerate(BACKENDS) if ip != dead]
-        lab.wait_served({role: served(kept, kept) for role in route}, timeout=6)
+        # UDP backends are not checked unless their rule asks: :53/udp keeps all four.
+        wanted = {**served(kept, kept), f"{EIP}:{DATAGRAMS}/udp": served(everything, everything)[f"{EIP}:{DATAGRAMS}/udp"]}
+        lab.wait_served({role: wanted for role in route}, timeout=6)
         for role in route:  # each saw it itself
             downs = [e for e in lab.agents[role].logs() if e.get("event") == "backend down"]
             assert [e["backend"] for e in downs] == [f"{dead}:{BACKEND_PORT}"], (role, downs)
@@ -412,3 +438,49 @@ def test_replicas_checking_on_their_own_agree_once_both_saw_a_failure(tmp_path: 
         survivors = [Backend(BACKENDS[i], BACKEND_PORT) for i in kept]
         wrong = {c: sorted(b) for c, b in after.items() if b != {choose(survivors, c).ip}}
         assert not wrong, f"{len(wrong)} of {len(CLIENTS)} clients not on their one backend through both: {wrong}"
+
+
+def test_without_masquerade_answers_reach_another_replica_and_are_lost(tmp_path: Path) -> None:
+    """Issue 29, as a new user would meet it: three replicas on the same rules, routed as
+    kube-ovn routes them, without --masquerade. A backend's answer goes to the replica its
+    addresses hash to; where that is not the replica that NATed the connection, it has no
+    conntrack entry for it, forwards it un-NATed, and the client drops it. Then the same
+    replicas restarted with --masquerade (what the injector sets for the HA form): none lost."""
+    with ecmp_lab(tmp_path, masquerade=False) as lab:
+        everything = list(range(len(BACKENDS)))
+        for role in REPLICAS:
+            lab.program(role, everything, everything)
+            lab.agents[role].start()
+        lab.wait_served({role: served(everything, everything) for role in REPLICAS})
+
+        def lost(port: int, proto: str = "tcp") -> tuple[float, list[tuple[str, int, str | None, str | None]]]:
+            done = lab.exchange(port, [(c, p) for c in CLIENTS for p in lab.ports(c, PER_CLIENT)], proto, timeout=1.0)
+            return sum(d[2] not in BACKENDS for d in done) / len(done), done
+
+        tcp, _ = lost(STATELESS)
+        sticky, done = lost(STICKY)
+        udp, _ = lost(DATAGRAMS, "udp")
+        whole = [c for c in CLIENTS if len({d[2] for d in done if d[0] == c}) == 1 and
+                 all(d[2] in BACKENDS for d in done if d[0] == c)]
+        print(f"without --masquerade: lost {tcp:.0%} of TCP connections, {sticky:.0%} of ClientIP ones, {udp:.0%} of "
+              f"UDP exchanges ({len(CLIENTS)} clients x {PER_CLIENT}); ClientIP clients all of whose connections "
+              f"one backend answered: {len(whole)} of {len(CLIENTS)}")
+        # Two of three answers go astray with three replicas: 67% lost, give or take the hash
+        # (a share's standard deviation over 480 is ~2 points).
+        for share in (tcp, sticky, udp):
+            assert 0.5 < share < 0.85, (tcp, sticky, udp)
+
+        for role, agent in lab.agents.items():
+            assert agent.stop(signal.SIGTERM) == 0
+            agent.source_args.append("--masquerade")
+            agent.start()
+        wait_for(lambda: all(_masquerading(lab, role) for role in REPLICAS), 15, 0.2, what="every replica masquerading")
+        for port, proto in ((STATELESS, "tcp"), (STICKY, "tcp"), (DATAGRAMS, "udp")):
+            share, failed = lost(port, proto)
+            assert share == 0, f":{port}/{proto} with --masquerade: {share:.0%} lost, e.g. {failed[:3]}"
+
+
+def _masquerading(lab: Ecmp, role: str) -> bool:
+    listing = subprocess.run(["ip", "netns", "exec", lab.ns[role], "nft", "list", "table", "ip", TABLE],
+                             capture_output=True, text=True, timeout=30).stdout
+    return "masquerade" in listing

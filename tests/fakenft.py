@@ -414,10 +414,11 @@ class FakeNft:
         """The backend (address, port) a new connection's first packet, arriving on `iif`,
         is DNATed to, or None if it leaves without NAT. `pick(mod)` plays numgen random;
         affinity sets are read and updated as the kernel would; `packet`, if given, is
-        filled with the packet's fields as prerouting leaves them (its mark). Only the
-        agent's vocabulary is understood."""
+        filled with the packet's fields as prerouting leaves them (its mark, and its
+        connection's as "ct mark"). Only the agent's vocabulary is understood."""
         t = self.tables[(family, table)]
-        fields = {"saddr": saddr, "daddr": daddr, "l4proto": proto, "dport": dport, "iifname": iif, "mark": 0}
+        fields = {"saddr": saddr, "daddr": daddr, "l4proto": proto, "dport": dport, "iifname": iif, "mark": 0,
+                  "ct mark": 0}
         if packet is not None:
             packet.update(fields)
             fields = packet
@@ -459,6 +460,11 @@ def _parse_key(raw: Any) -> tuple[ElemKey, str | None, int | None]:
     return key, comment, timeout
 
 
+def _field(expr: dict[str, Any]) -> str:
+    """The trace's name for a meta key ("mark") or a conntrack one ("ct mark")."""
+    return expr["meta"]["key"] if "meta" in expr else f"ct {expr['ct']['key']}"
+
+
 def _value(expr: dict[str, Any], fields: dict[str, Any]) -> Any:
     if "jhash" in expr:  # the kernel's hash, as the agent's model computes it (checked against the kernel)
         from agent.core.consistent import bucket
@@ -469,8 +475,8 @@ def _value(expr: dict[str, Any], fields: dict[str, Any]) -> Any:
         return tuple(_value(e, fields) for e in expr["concat"])
     if "payload" in expr:
         return fields[expr["payload"]["field"]]
-    if "meta" in expr:
-        return fields[expr["meta"]["key"]]
+    if "meta" in expr or "ct" in expr:
+        return fields[_field(expr)]
     if "&" in expr:
         return _value(expr["&"][0], fields) & expr["&"][1]
     if "|" in expr:
@@ -503,7 +509,7 @@ def _run_chain(t: _Table, name: str, fields: dict[str, Any], pick: Callable[[int
                 elif left != right:
                     break
             elif "mangle" in stmt:
-                fields[stmt["mangle"]["key"]["meta"]["key"]] = _value(stmt["mangle"]["value"], fields)
+                fields[_field(stmt["mangle"]["key"])] = _value(stmt["mangle"]["value"], fields)
             elif "goto" in stmt:
                 verdict = stmt["goto"]["target"]
             elif "jump" in stmt:  # and back here, unless the chain jumped to decides

@@ -11,7 +11,7 @@ from agent.core.desired import DesiredState, ListCatalog, Service, service_of
 from agent.core.layout import affinity_slot, in_render_form
 from agent.core.model import _SPEC, _STATUS, EIP_KIND, MISSING, RULE_KIND, Identity, Manifest, Rule, eip_of, \
     index_objects, manifest, rule_of
-from agent.core.render import Hairpin, render_all
+from agent.core.render import Snat, render_all
 from agent.core.ruleset import Elem, ElemKey, Ruleset, element, goto
 from agent.ops.report import Reporter
 from agent.settings import Settings
@@ -144,10 +144,10 @@ def _data_of(value: Any) -> Any:
 
 
 def render(services: Mapping[Identity, Service], previous: Ruleset, affinity_set_size: int, priority: int,
-           hairpin: Hairpin | None = None) -> Ruleset:
+           snat: Snat | None = None) -> Ruleset:
     """The whole table for these services; slots follow `previous` (the kernel's state): the
     renderer's whole output, without the pieces a sync keeps."""
-    return render_all(services, previous, affinity_set_size, priority, hairpin=hairpin)[0]
+    return render_all(services, previous, affinity_set_size, priority, snat=snat)[0]
 
 
 def evaluate(objects: Iterable[Any], settings: Settings, reporter: Reporter) -> tuple[DesiredState, int]:

@@ -92,7 +92,7 @@ def test_diff_plans_with_the_backends_the_running_agents_checks_have_down(monkey
     from agent.kernel.caps import probe
     from agent.ops.health import Health
     from agent.ops.status import StatusServer
-    from agent.run.planner import check_settings
+    from agent.run.planner import CHECK_SETTINGS, reported
     from agent.settings import Settings
     from tests.fakenft import FakeNft, edges, wired
     from tests.oracles import kept
@@ -117,7 +117,7 @@ def test_diff_plans_with_the_backends_the_running_agents_checks_have_down(monkey
         finally:
             server.close()
 
-    status = {"targets": [], "down": dump(down), "settings": check_settings(running)}
+    status = {"targets": [], "down": dump(down), "settings": reported(running, CHECK_SETTINGS)}
     assert diff(status) == 0 and capsys.readouterr().out == ""
     assert diff({**status, "down": []}) == 1  # with b up, the sync would put it back
     assert "10.0.1.12" in capsys.readouterr().out
@@ -126,7 +126,7 @@ def test_diff_plans_with_the_backends_the_running_agents_checks_have_down(monkey
     assert diff({**status, "down": [["10.0.1.12", "eighty"]]}) == 1
     assert "not a list of down targets" in capsys.readouterr().err
     assert diff({**status, "settings": {"health_rise": "two"}}) == 1
-    assert "not the agent's check settings" in capsys.readouterr().err
+    assert "not the agent's settings" in capsys.readouterr().err
 
 
 def test_diff_without_an_agent_or_a_private_namespace_says_so(monkeypatch, capsys, tmp_path):
@@ -161,3 +161,43 @@ def test_routable_once_this_pods_data_plane_was_programmed_whatever_comes_after(
     assert second.readyz()[0] is False and main(["health", "--routable", "--state-dir", str(tmp_path)]) == 0
     assert main(["health", "--routable", "--state-dir", str(tmp_path / "new-pod")]) == 1
     assert "no full sync in this pod yet" in capsys.readouterr().out
+
+
+def _subcommands():
+    import argparse
+
+    from agent.cli import _parser
+
+    (sub,) = [a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return sub.choices  # name -> its parser
+
+
+@pytest.mark.parametrize("argv", [["--help"], *([name, "--help"] for name in _subcommands()),
+                                  ["supervise", "-h"], ["supervise", "cleanup", "--help"]],
+                         ids=lambda argv: " ".join(argv))
+def test_every_help_prints_what_the_command_does_and_returns(argv):
+    """`--help` prints and exits 0, no worker started and restarted (`supervise --help` once ran
+    the agent's help in a loop); the usage line names the command, the description follows it."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "agent.cli", *argv], capture_output=True, text=True, timeout=10)
+    assert done.returncode == 0, done.stderr
+    command = [a for a in argv if not a.startswith("-")][-1:]  # `supervise cleanup --help` is cleanup's
+    assert done.stdout.startswith(" ".join(["usage: natgw-agent", *command]))
+    parser = _subcommands()[command[0]] if command else __import__("agent.cli").cli._parser()
+    assert parser.description and " ".join(parser.description.split()) in " ".join(done.stdout.split())
+    assert "worker started" not in done.stderr
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_natgw_supervise_help_says_what_it_does_and_starts_no_worker(flag):
+    import subprocess
+    import sys
+
+    from agent.deploy.supervise import DESCRIPTION
+
+    done = subprocess.run([sys.executable, "-m", "agent.deploy.supervise", flag], capture_output=True, text=True,
+                          timeout=10)
+    assert done.returncode == 0 and done.stdout.startswith("usage: natgw-supervise")
+    assert DESCRIPTION in done.stdout and "worker's" in done.stdout and done.stderr == ""

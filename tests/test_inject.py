@@ -12,7 +12,8 @@ import pytest
 import yaml
 from kubernetes.client import ApiClient
 
-from agent.deploy.inject import CONTAINER, GATEWAY_ANNOTATION, STATE_DIR, TOKEN_DIR, Options, patch
+from agent.deploy.inject import (CONTAINER, GATEWAY_ANNOTATION, MASQUERADE_ANNOTATION, STATE_DIR, TOKEN_DIR, Options,
+                                 patch)
 from tests.builders import ROOT
 
 FIXTURES = Path(__file__).parent / "fixtures" / "kube-ovn"
@@ -141,3 +142,24 @@ def test_the_api_attachment_kube_ovn_adds_only_with_its_bgp_speaker() -> None:
     assert annotations["api-net.default.ovn.kubernetes.io/routes"] == '[{"dst":"10.96.0.1/32","gw":"100.64.0.1"}]'
     already = mutated(pod("deployment-bgp-pod.yaml"), options)["metadata"]["annotations"]  # BGP: attached already
     assert already["k8s.v1.cni.cncf.io/networks"] == "kube-system/ovn-vpc-external-network,default/api-net"
+
+
+def test_the_ha_form_masquerades_unless_its_gateway_says_not_to() -> None:
+    """Issue 29: a Deployment's replica (kube-ovn routes answers by the backend's address,
+    not to the replica that NATed) runs with --masquerade; a StatefulSet's keeps client
+    addresses; the gateway's annotation (VpcNatGateway spec.annotations, copied onto its
+    pods) decides either way; anything else it says leaves the form's default."""
+    def command(name: str, said: str | None = None, options: Options = OPTIONS) -> list[str]:
+        original = pod(name)
+        if said is not None:
+            original["metadata"].setdefault("annotations", {})[MASQUERADE_ANNOTATION] = said
+        return mutated(original, options)["spec"]["containers"][-1]["command"]
+
+    for name in ("deployment-pod.yaml", "deployment-bgp-pod.yaml"):
+        assert "--masquerade" in command(name)
+        assert "--masquerade" not in command(name, "false")
+        assert "--masquerade" in command(name, "False")  # not a value it knows: the form's default
+    assert "--masquerade" not in command("statefulset-pod.yaml")
+    assert "--masquerade" in command("statefulset-pod.yaml", "true")
+    twice = command("deployment-pod.yaml", options=Options(image="i:1", extra_args=("--masquerade",)))
+    assert twice.count("--masquerade") == 1

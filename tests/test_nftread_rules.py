@@ -74,3 +74,39 @@ def test_register_mistakes_make_a_rule_opaque() -> None:
     assert is_opaque(_rule(_l4proto(9), _dport(10), _vmap(1)))  # reads an unset register
     assert is_opaque(_rule(_vmap(1, "nosuchset")))
     assert is_opaque(_rule(_expr("ct", a1=_be(1), a2=_be(0))))
+
+
+# --- the connection's mark and masquerade (--masquerade), encoded as nft 1.0.6 and 1.1.x do ------
+
+def _data(v: bytes) -> bytes:
+    return nl.attr_nested(0, [nl.attr_bytes(uapi.NFTA_DATA_VALUE, v)])[4:]  # the nest's payload
+
+
+def _ct_mark(reg: int, store: bool = False) -> bytes:
+    return _expr("ct", a2=_be(uapi.NFT_CT_MARK), **{("a4" if store else "a1"): _be(reg)})
+
+
+def _bitwise(mask: int, xor: int) -> bytes:
+    return _expr("bitwise", a1=_be(1), a2=_be(1), a3=_be(4), a4=_data(struct.pack("=I", mask)),
+                 a5=_data(struct.pack("=I", xor)))
+
+
+CT_MARK = {"ct": {"key": "mark"}}
+
+
+def test_the_connections_mark_and_masquerade_read_back_as_rendered() -> None:
+    from agent.core.render import Snat, base_ruleset, _slot
+
+    snat = Snat("eth0", masquerade=0x4000)
+    set_bit = _rule(_ct_mark(1), _bitwise(0xFFFFFFFF & ~0x4000, 0x4000), _ct_mark(1, store=True))
+    assert set_bit == _slot(0, snat)["slot_0"].rules[0]  # ct mark set ct mark | 0x4000
+    oifname = _expr("meta", a2=_be(uapi.NFT_META_OIFNAME), a1=_be(1))
+    eth0 = _expr("cmp", a1=_be(1), a2=_be(0), a3=_data(b"eth0".ljust(16, b"\0")))
+    marked = (_ct_mark(1), _bitwise(0x4000, 0), _expr("cmp", a1=_be(1), a2=_be(0), a3=_data(struct.pack("=I", 0x4000))))
+    masq = _rule(oifname, eth0, *marked, _expr("masq", a1=_be(0x10)))
+    assert masq == base_ruleset(-160, snat).rules["postrouting"][0]
+    assert _rule(oifname, eth0, *marked, _expr("masq"))["expr"][-1] == {"masquerade": None}
+    assert is_opaque(_rule(*marked, _expr("masq", a1=_be(0x10), a2=_be(1))))  # a port range: not the agent's
+    assert is_opaque(_rule(*marked, _expr("masq", a1=_be(0x4))))  # other flags
+    assert is_opaque(_rule(_expr("ct", a2=_be(uapi.NFT_CT_MARK), a1=_be(1), a3=b"\x00"), _bitwise(0x4000, 0),
+                           _ct_mark(1, store=True)))  # a direction: not the connection's own mark

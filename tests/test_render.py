@@ -73,13 +73,13 @@ def test_rule_names_reach_comments_truncated(web_objects):
     rs = rendered(many)
     comment = rs.elements["services"][("172.18.0.10", "tcp", 80)].comment
     assert len(comment) <= 128 and comment.endswith("more")
-    assert rs.elements["backend_1"][("172.18.0.10", "tcp", 80)].comment is None  # names only on services: see README
+    assert rs.elements["backend_1"][("172.18.0.10", "tcp", 80)].comment is None  # names only on services: see docs/dataplane.md
 
 
 def test_the_hairpin_snat_marks_vpc_side_packets_of_served_identities_only():
     from tests.oracles import build_inventory, desired_services
     from agent.core.plan import plan
-    from agent.core.render import Hairpin
+    from agent.core.render import Snat
     from tests.oracles import render
     from agent.core.ruleset import EMPTY
     from tests.fakenft import FakeNft
@@ -87,7 +87,7 @@ def test_the_hairpin_snat_marks_vpc_side_packets_of_served_identities_only():
     services = desired_services(build_inventory(web_objects(), "gw1").rules, 256).services
     plain = render(services, EMPTY, 1024, -160)
     assert "postrouting" not in plain.chains  # off by default: the layout as before
-    hairpin = render(services, EMPTY, 1024, -160, Hairpin("eth0", 0x4000))
+    hairpin = render(services, EMPTY, 1024, -160, Snat("eth0", hairpin=0x4000))
     assert hairpin.chains["postrouting"] == {"type": "nat", "hook": "postrouting", "prio": 99, "policy": "accept"}
     assert set(hairpin.chains) - set(plain.chains) == {"postrouting"}
     fake = FakeNft("1.1.3")
@@ -99,6 +99,39 @@ def test_the_hairpin_snat_marks_vpc_side_packets_of_served_identities_only():
     assert outside["mark"] == 0  # an outside client keeps its address
     assert fake.trace("10.0.1.50", "172.18.0.10", "tcp", 8000, iif="eth0", packet=elsewhere) is None
     assert elsewhere["mark"] == 0  # not an identity of the agent's: not its to SNAT
+
+
+def test_masquerade_marks_the_connections_of_served_identities_only_and_leaves_the_packet_mark():
+    """--masquerade: the slot chain sets a bit of the connection's mark (never the packet's,
+    kube-ovn's), and the postrouting chain masquerades what carries it out of the VPC side."""
+    from tests.oracles import build_inventory, desired_services, render
+    from agent.core.plan import plan
+    from agent.core.render import Snat
+    from agent.core.ruleset import EMPTY
+    from tests.fakenft import FakeNft
+
+    services = desired_services(build_inventory(web_objects(), "gw1").rules, 256).services
+    plain = render(services, EMPTY, 1024, -160)
+    masq = render(services, EMPTY, 1024, -160, Snat("eth0", masquerade=0x4000))
+    assert set(masq.chains) - set(plain.chains) == {"postrouting"}
+    assert masq.rules["postrouting"] == ({"expr": [
+        {"match": {"op": "==", "left": {"meta": {"key": "oifname"}}, "right": "eth0"}},
+        {"match": {"op": "==", "left": {"&": [{"ct": {"key": "mark"}}, 0x4000]}, "right": 0x4000}},
+        {"masquerade": {"flags": ["fully-random"]}}]},)
+    assert masq.sets == plain.sets and masq.elements == plain.elements  # no element per identity: a commit costs the same
+    fake = FakeNft("1.1.3")
+    fake.json_cmd({"nftables": list(plan(None, masq, "ip", "natgw", text_maps=False).commands)})
+    for client, iif in (("172.18.0.100", "net1"), ("10.0.1.50", "eth0")):  # outside, and a hairpin client
+        packet: dict = {}
+        assert fake.trace(client, "172.18.0.10", "tcp", 80, iif=iif, packet=packet) == ("10.0.1.11", 8080)
+        assert packet["ct mark"] == 0x4000 and packet["mark"] == 0, packet
+    elsewhere: dict = {}
+    assert fake.trace("172.18.0.100", "172.18.0.10", "tcp", 8000, packet=elsewhere) is None
+    assert elsewhere["ct mark"] == 0  # not the agent's identity: not its to SNAT
+    both = render(services, EMPTY, 1024, -160, Snat("eth0", hairpin=0x1000, masquerade=0x4000))
+    assert [r["expr"][-1] for r in both.rules["postrouting"]] == [
+        {"snat": {"family": "ip", "addr": {"ct": {"key": "ip daddr", "dir": "original"}}, "flags": ["fully-random"]}},
+        {"masquerade": {"flags": ["fully-random"]}}]  # the hairpin's SNAT to the EIP first: one binds, per flow
 
 
 def _led_to(rs, identity):

@@ -11,6 +11,8 @@ cheap): everything per identity is a map element; chains and sets are shared.
     map backend_<s> identity -> backend address . port (with a per-backend counter)
     postrouting     oifname <vpc> meta mark & M == M snat to ct original ip daddr   (hairpin only;
                     slot_<s> then first marks packets from iifname <vpc> with M)
+                    oifname <vpc> ct mark & C == C masquerade   (masquerade only; slot_<s>
+                    then first sets C in the connection's mark: only the agent's flows)
 
 Each backend of an identity holds one *slot* for its whole life, so its map elements and
 its clients' affinity entries stay put while other backends come and go. ClientIP:
@@ -58,7 +60,7 @@ from agent.core.ruleset import Buckets, Elem, ElemKey, Ruleset, bucket_map
 
 SERVICES = "services"
 BASE_CHAIN = "prerouting"
-HAIRPIN_CHAIN = "postrouting"  # only with the agent's own hairpin SNAT (settings.hairpin_snat)
+SNAT_CHAIN = "postrouting"  # only with the agent's own hairpin SNAT or masquerade (render.Snat)
 IDENTITY_TYPE = ["ipv4_addr", "inet_proto", "inet_service"]
 # The backend maps' data type exactly as nft 1.0.6 lists it: a string, which its JSON
 # parser does not take back (the planner has such maps declared in nft text).

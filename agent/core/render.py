@@ -15,8 +15,8 @@ from typing import Any, Collection, Mapping, NamedTuple
 
 from agent.core.desired import Service
 from agent.core.consistent import SEED, SIZE, table
-from agent.core.layout import (BACKEND_DATA, BASE_CHAIN, CHASH, CONSISTENT_CHAIN, HAIRPIN_CHAIN, IDENTITY_TYPE,
-                               SERVICES, Slots, affinity_set, backend_map, bucket_chain, chash_map, elements_under,
+from agent.core.layout import (BACKEND_DATA, BASE_CHAIN, CHASH, CONSISTENT_CHAIN, IDENTITY_TYPE, SERVICES,
+                               SNAT_CHAIN, Slots, affinity_set, backend_map, bucket_chain, chash_map, elements_under,
                                held_slots, identity_key, pattern_chain, slot_chain, slots_of, sticky_chain)
 from agent.core.model import Backend, Identity
 from agent.core.ruleset import EMPTY, Buckets, Elem, ElemKey, Ruleset, goto, truncate_comment
@@ -26,22 +26,38 @@ _DADDR = {"payload": {"protocol": "ip", "field": "daddr"}}
 _SADDR = {"payload": {"protocol": "ip", "field": "saddr"}}
 _IDENTITY = [_DADDR, {"meta": {"key": "l4proto"}}, {"payload": {"protocol": "th", "field": "dport"}}]
 _MARK = {"meta": {"key": "mark"}}
+_CT_MARK = {"ct": {"key": "mark"}}
 
 
-class Hairpin(NamedTuple):
-    """The hairpin SNAT the agent provides itself (settings.hairpin_snat): a client on the
-    VPC side reaching an identity gets the EIP as its source toward the backend, so the
-    backend answers through the gateway (it would answer the client directly, from its own
-    address, and the client would drop it). The first packet of such a flow is marked in
-    the identity's slot chain (only the agent's identities, only from `interface`); the
-    postrouting chain SNATs marked packets leaving by `interface` to the EIP they asked for."""
+def _marked(mark: dict[str, Any], bits: int) -> dict[str, Any]:
+    return {"match": {"op": "==", "left": {"&": [mark, bits]}, "right": bits}}
+
+
+class Snat(NamedTuple):
+    """What the agent SNATs itself, in a postrouting chain of its table; a mark set in the
+    identity's slot chain (only the agent's identities, only a flow's first packet) tells
+    that chain which flows are its own.
+
+    `hairpin` (settings.hairpin_snat, outside Kubernetes): packet mark bits. A client on the
+    VPC side (`interface`) reaching an identity gets the EIP as its source toward the
+    backend, so the backend answers through the gateway (it would answer the client
+    directly, from its own address, and the client would drop it).
+
+    `masquerade` (settings.masquerade, an HA gateway's replicas): a conntrack mark bit.
+    Every flow the agent DNATs leaves `interface` with this replica's address there as its
+    source, so the answer comes back to the replica holding its conntrack entry. The
+    connection's mark, not the packet's: kube-ovn owns the packet mark."""
 
     interface: str
-    mark: int
+    hairpin: int | None = None
+    masquerade: int | None = None
 
 
-def hairpin_of(settings: Settings) -> Hairpin | None:
-    return Hairpin(settings.vpc_interface, settings.hairpin_mark) if settings.hairpin_snat else None
+def snat_of(settings: Settings) -> Snat | None:
+    if not settings.hairpin_snat and not settings.masquerade:
+        return None
+    return Snat(settings.vpc_interface, settings.hairpin_mark if settings.hairpin_snat else None,
+                settings.masquerade_mark if settings.masquerade else None)
 
 
 @dataclass(frozen=True)
@@ -114,12 +130,12 @@ def assign_slots(services: Mapping[Identity, Service], previous: Slots,
 
 def render_all(services: Mapping[Identity, Service], previous: Ruleset, affinity_set_size: int,
                priority: int, blocked: Mapping[Identity, Collection[int]] = NO_BLOCKS,
-               hairpin: Hairpin | None = None, consistent: bool = True) -> tuple[Ruleset, dict[Identity, Pieces]]:
+               snat: Snat | None = None, consistent: bool = True) -> tuple[Ruleset, dict[Identity, Pieces]]:
     """The whole table, and each identity's pieces of it."""
     slots = assign_slots(services, slots_of(previous), blocked)
-    pieces = {i: render_service(s, slots[i], affinity_set_size, hairpin, consistent)
+    pieces = {i: render_service(s, slots[i], affinity_set_size, snat, consistent)
               for i, s in sorted(services.items())}
-    rs = base_ruleset(priority, hairpin)
+    rs = base_ruleset(priority, snat)
     declared: set[int] = set()  # ids of the shared mappings declared so far
     for p in pieces.values():
         _add_pieces(rs, p, id(p.shared) not in declared)
@@ -127,22 +143,28 @@ def render_all(services: Mapping[Identity, Service], previous: Ruleset, affinity
     return rs, pieces
 
 
-def base_ruleset(priority: int, hairpin: Hairpin | None = None) -> Ruleset:
+def base_ruleset(priority: int, snat: Snat | None = None) -> Ruleset:
     """The table with no identity: the base chain and its dispatch map (and, with the
-    hairpin SNAT, the postrouting chain)."""
+    hairpin SNAT or masquerade, the postrouting chain)."""
     rs = Ruleset()
     rs.sets[SERVICES] = {"type": IDENTITY_TYPE, "map": "verdict"}
     rs.chains[BASE_CHAIN] = {"type": "nat", "hook": "prerouting", "prio": priority, "policy": "accept"}
     rs.rules[BASE_CHAIN] = (_rule({"vmap": {"key": {"concat": _IDENTITY}, "data": f"@{SERVICES}"}}),)
     rs.elements[SERVICES] = {}
-    if hairpin is not None:
+    if snat is not None:
         # srcnat - 1: before iptables' nat POSTROUTING (kube-ovn's own hairpin rule). A flow is
         # SNATed once, by the first chain that binds it: with both in place, never twice.
-        rs.chains[HAIRPIN_CHAIN] = {"type": "nat", "hook": "postrouting", "prio": 99, "policy": "accept"}
-        rs.rules[HAIRPIN_CHAIN] = (_rule(
-            {"match": {"op": "==", "left": {"meta": {"key": "oifname"}}, "right": hairpin.interface}},
-            {"match": {"op": "==", "left": {"&": [_MARK, hairpin.mark]}, "right": hairpin.mark}},
-            {"snat": {"family": "ip", "addr": {"ct": {"key": "ip daddr", "dir": "original"}}, "flags": ["fully-random"]}}),)
+        rs.chains[SNAT_CHAIN] = {"type": "nat", "hook": "postrouting", "prio": 99, "policy": "accept"}
+        leaving = {"match": {"op": "==", "left": {"meta": {"key": "oifname"}}, "right": snat.interface}}
+        rules = []
+        if snat.hairpin is not None:
+            rules.append(_rule(leaving, _marked(_MARK, snat.hairpin),
+                               {"snat": {"family": "ip", "addr": {"ct": {"key": "ip daddr", "dir": "original"}},
+                                         "flags": ["fully-random"]}}))
+        if snat.masquerade is not None:
+            rules.append(_rule(leaving, _marked(_CT_MARK, snat.masquerade),
+                               {"masquerade": {"flags": ["fully-random"]}}))
+        rs.rules[SNAT_CHAIN] = tuple(rules)
     return rs
 
 
@@ -171,7 +193,7 @@ def _undeclare(rs: Ruleset, name: str) -> None:
 
 
 def render_service(service: Service, held: Mapping[Backend, int], affinity_set_size: int,
-                   hairpin: Hairpin | None = None, consistent: bool = True) -> Pieces:
+                   snat: Snat | None = None, consistent: bool = True) -> Pieces:
     """One identity's elements and the shared objects they need, its backends in `held`
     slots; with `consistent` (settings.consistent_choice), a ClientIP identity's buckets."""
     key = identity_key(service.identity)
@@ -184,7 +206,7 @@ def render_service(service: Service, held: Mapping[Backend, int], affinity_set_s
     chash = consistent and timeout is not None
     if chash:
         elems = (*elems, buckets(service.backends, held, timeout))  # type: ignore[arg-type]
-    return Pieces(key, _names(order, chash), elems, _shared(order, timeout, affinity_set_size, hairpin, chash))
+    return Pieces(key, _names(order, chash), elems, _shared(order, timeout, affinity_set_size, snat, chash))
 
 
 def buckets(backends: Collection[Backend], held: Mapping[Backend, int], timeout: int) -> Buckets:
@@ -204,11 +226,11 @@ class Renderer:
     """Renders the whole table or only changed identities, and remembers each identity's
     pieces as the kernel holds them (after `commit`), so the next change starts there."""
 
-    def __init__(self, affinity_set_size: int, priority: int, hairpin: Hairpin | None = None,
+    def __init__(self, affinity_set_size: int, priority: int, snat: Snat | None = None,
                  consistent: bool = True) -> None:
         self.affinity_set_size = affinity_set_size
         self.priority = priority
-        self.hairpin = hairpin
+        self.snat = snat
         self.consistent = consistent
         self._pieces: dict[Identity, Pieces] = {}  # per identity, as the kernel holds it
         self._usage: Counter[str] = Counter()  # shared object -> identities needing it
@@ -217,7 +239,7 @@ class Renderer:
              blocked: Mapping[Identity, Collection[int]] = NO_BLOCKS) -> Change:
         """Every identity, with the slots `before` (the kernel's table) holds."""
         before = before or EMPTY
-        wanted, pieces = render_all(services, before, self.affinity_set_size, self.priority, blocked, self.hairpin,
+        wanted, pieces = render_all(services, before, self.affinity_set_size, self.priority, blocked, self.snat,
                                     self.consistent)
         return Change(True, before, wanted, pieces, frozenset(pieces), Counter())
 
@@ -239,7 +261,7 @@ class Renderer:
             if service is not None:
                 previous = {identity: held_slots(old.elements)} if old else {}
                 held = assign_slots({identity: service}, previous, blocked)[identity]
-                new = pieces[identity] = render_service(service, held, self.affinity_set_size, self.hairpin,
+                new = pieces[identity] = render_service(service, held, self.affinity_set_size, self.snat,
                                                         self.consistent)
                 usage.update(new.shared.keys())
                 definitions.update(new.shared)
@@ -292,7 +314,7 @@ def _numgen_vmap(targets: list[str]) -> dict[str, Any]:
 
 # Shared definitions are pure functions of their names' parameters: build each once.
 @functools.lru_cache(maxsize=4096)
-def _shared(order: tuple[int, ...], timeout: int | None, size: int, hairpin: Hairpin | None,
+def _shared(order: tuple[int, ...], timeout: int | None, size: int, snat: Snat | None,
             chash: bool) -> Mapping[str, Shared]:
     """Everything an identity with backends in these slots needs declared (read-only: one
     mapping serves every identity of the pattern)."""
@@ -300,7 +322,7 @@ def _shared(order: tuple[int, ...], timeout: int | None, size: int, hairpin: Hai
     if chash:
         shared.update(_CONSISTENT)
     for slot in order:
-        shared.update(_slot(slot, hairpin))
+        shared.update(_slot(slot, snat))
         if timeout is not None:
             shared.update(_sticky(slot, timeout, size))
     return MappingProxyType(shared)
@@ -341,15 +363,18 @@ _JUMP_CONSISTENT = _rule({"jump": {"target": CONSISTENT_CHAIN}})
 
 
 @functools.lru_cache(maxsize=4096)
-def _slot(slot: int, hairpin: Hairpin | None) -> dict[str, Shared]:
+def _slot(slot: int, snat: Snat | None) -> dict[str, Shared]:
     identity = {"concat": _IDENTITY}
-    dnat = _rule({"dnat": {"family": "ip", "addr": {"map": {"key": identity, "data": f"@{backend_map(slot)}"}}}})
-    rules = (dnat,) if hairpin is None else (_rule(
-        {"match": {"op": "==", "left": {"meta": {"key": "iifname"}}, "right": hairpin.interface}},
-        {"mangle": {"key": _MARK, "value": {"|": [_MARK, hairpin.mark]}}}), dnat)
+    rules = []
+    if snat is not None and snat.hairpin is not None:
+        rules.append(_rule({"match": {"op": "==", "left": {"meta": {"key": "iifname"}}, "right": snat.interface}},
+                           {"mangle": {"key": _MARK, "value": {"|": [_MARK, snat.hairpin]}}}))
+    if snat is not None and snat.masquerade is not None:
+        rules.append(_rule({"mangle": {"key": _CT_MARK, "value": {"|": [_CT_MARK, snat.masquerade]}}}))
+    rules.append(_rule({"dnat": {"family": "ip", "addr": {"map": {"key": identity, "data": f"@{backend_map(slot)}"}}}}))
     return {
         backend_map(slot): Shared("set", {"type": IDENTITY_TYPE, "map": BACKEND_DATA, "stmt": [{"counter": None}]}),
-        slot_chain(slot): Shared("chain", {}, rules),
+        slot_chain(slot): Shared("chain", {}, tuple(rules)),
     }
 
 

@@ -27,6 +27,10 @@ TOKEN_VOLUME = "natgw-agent-token"
 STATE_VOLUME = "natgw-agent-state"
 STATE_DIR = "/run/natgw-agent"
 SERVICE_ACCOUNT = "natgw-agent"
+# Set it on the VpcNatGateway (spec.annotations: kube-ovn copies those onto its pods) to
+# decide masquerade for that gateway: "false" keeps client addresses in the HA form, "true"
+# turns it on for one replica too. Absent (or any other value): the form decides (masquerades).
+MASQUERADE_ANNOTATION = "natgw.kube-ovn.io/masquerade"
 
 
 @dataclass(frozen=True)
@@ -64,8 +68,10 @@ def is_gateway_pod(pod: dict[str, Any]) -> bool:
     return (pod.get("metadata") or {}).get("labels", {}).get(GATEWAY_LABEL) == "true"
 
 
-def agent_container(options: Options, routed: bool = False) -> dict[str, Any]:
-    """`routed`: the pod's readiness decides its traffic (routes_by_readiness). Then the
+def agent_container(options: Options, routed: bool = False, masquerade: bool = False) -> dict[str, Any]:
+    """`masquerade`: the agent runs with --masquerade (masquerades()).
+
+    `routed`: the pod's readiness decides its traffic (routes_by_readiness). Then the
     readiness probe asks only whether this pod's data plane was programmed whole once
     (`health --routable`): a fresh replica takes no traffic it cannot serve, and a
     programmed one never leaves the routes because the API blinked, the CRD check failed
@@ -91,6 +97,7 @@ def agent_container(options: Options, routed: bool = False) -> dict[str, Any]:
         "image": options.image,
         "imagePullPolicy": "IfNotPresent",
         "command": ["natgw-supervise", "--log-format", "json", "run", "--state-dir", STATE_DIR,
+                    *(["--masquerade"] if masquerade and "--masquerade" not in options.extra_args else []),
                     *options.extra_args],
         "env": env,
         # nftables and conntrack over netlink need CAP_NET_ADMIN, nothing more; the pod's
@@ -129,7 +136,7 @@ def patch(pod: dict[str, Any], options: Options) -> list[dict[str, Any]]:
     containers = spec.get("containers") or []
     if any(c.get("name") == CONTAINER for c in containers):
         return []
-    container = agent_container(options, routed=routes_by_readiness(pod))
+    container = agent_container(options, routed=routes_by_readiness(pod), masquerade=masquerades(pod))
     ops: list[dict[str, Any]] = [{"op": "add", "path": "/spec/containers/-", "value": container}]
     volumes = [token_volume(), {"name": STATE_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}]
     if "volumes" in spec:
@@ -151,6 +158,19 @@ def routes_by_readiness(pod: dict[str, Any]) -> bool:
     `kubectl get pod`."""
     owners = (pod.get("metadata") or {}).get("ownerReferences") or []
     return not any(o.get("controller") and o.get("kind") == "StatefulSet" for o in owners)
+
+
+def masquerades(pod: dict[str, Any]) -> bool:
+    """Whether the agent masquerades (settings.masquerade): by default in the HA form only
+    (a pod of a ReplicaSet: the gateway's Deployment), where kube-ovn routes a backend's
+    answer to the replica its address hashes to, not the one that NATed the connection; a
+    StatefulSet's single replica gets every answer and keeps client addresses. The pod's
+    annotation MASQUERADE_ANNOTATION, "true" or "false", decides instead."""
+    said = ((pod.get("metadata") or {}).get("annotations") or {}).get(MASQUERADE_ANNOTATION)
+    if said in ("true", "false"):
+        return said == "true"
+    owners = (pod.get("metadata") or {}).get("ownerReferences") or []
+    return any(o.get("controller") and o.get("kind") == "ReplicaSet" for o in owners)
 
 
 def account_ops(spec: dict[str, Any], account: str) -> list[dict[str, Any]]:

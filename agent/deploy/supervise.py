@@ -28,6 +28,14 @@ USAGE = 2  # the worker's exit code for bad arguments or settings: starting it a
 FIRST_DELAY = 0.2  # seconds before the first restart, doubling to MAX_DELAY
 MAX_DELAY = 10.0
 STEADY = 60.0  # a worker that ran this long resets the delay
+HELP_FLAGS = frozenset({"-h", "--help"})
+# What `natgw-supervise --help` and `natgw-agent supervise --help` say (both entry points).
+DESCRIPTION = ("Run `natgw-agent ARGS...` as a worker and start it again when it dies (after 0.2 s, doubling "
+               "to 10 s; reset once a worker ran 60 s). SIGTERM and SIGINT go on to the worker and end the "
+               "supervisor with it; a worker that refuses its arguments (exit 2) is not started again. The agent "
+               "container's main process in a gateway pod.")
+ARGS_HELP = ("every argument is the worker's, options included, e.g. `--log-format json run`; "
+             "-h/--help alone (first) prints this help, and a worker asked for its own --help runs once")
 
 
 def _log(event: str, **fields: object) -> None:
@@ -37,6 +45,8 @@ def _log(event: str, **fields: object) -> None:
 
 def supervise(argv: Sequence[str], python: str = sys.executable) -> int:
     """Run `python -m agent.cli ARGV` until told to stop; returns the exit code to end with."""
+    if HELP_FLAGS & set(argv):  # the worker prints its help and ends: once, not in a loop
+        return subprocess.call([python, "-m", "agent.cli", *argv])
     stopping: list[int] = []
     worker: subprocess.Popen[bytes] | None = None
 
@@ -74,9 +84,11 @@ def supervise(argv: Sequence[str], python: str = sys.executable) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """`natgw-supervise ARGS...`: everything after it is the worker's, options included."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help"):
-        print("usage: natgw-supervise ARGS...  (runs `natgw-agent ARGS...` and starts it again when it dies; "
-              "e.g. natgw-supervise --log-format json run)", file=sys.stderr)
+    if args[:1] and args[0] in HELP_FLAGS:
+        print(f"usage: natgw-supervise [-h] ARGS...\n\n{DESCRIPTION}\n\narguments:\n  ARGS...     {ARGS_HELP}")
+        return 0
+    if not args:
+        print("usage: natgw-supervise [-h] ARGS...  (e.g. natgw-supervise --log-format json run)", file=sys.stderr)
         return USAGE
     return supervise(args)
 

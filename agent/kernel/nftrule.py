@@ -22,7 +22,7 @@ from agent.kernel.nfttypes import (
     datatype, host_int, ipv4)
 from agent.kernel.nftuapi import (
     FAMILIES, NF_NAT_RANGE_MAP_IPS, NF_NAT_RANGE_PROTO_RANDOM_FULLY, NF_NAT_RANGE_PROTO_SPECIFIED, NFT_CT_DST_IP,
-    NFT_CT_SRC_IP, NFT_LOOKUP_F_INV, NFT_META_IIFNAME, NFT_META_L4PROTO, NFT_META_MARK, NFT_META_OIFNAME,
+    NFT_CT_MARK, NFT_CT_SRC_IP, NFTA_MASQ_FLAGS, NFTA_MASQ_REG_PROTO_MIN, NFT_LOOKUP_F_INV, NFT_META_IIFNAME, NFT_META_L4PROTO, NFT_META_MARK, NFT_META_OIFNAME,
     NFT_NAT_DNAT, NFT_NAT_SNAT, NFT_PAYLOAD_NETWORK_HEADER, NFT_PAYLOAD_TRANSPORT_HEADER, NFT_REG_VERDICT,
     NFT_SET_INTERVAL, NFTA_BITWISE_DREG, NFTA_BITWISE_LEN, NFTA_BITWISE_MASK, NFTA_BITWISE_OP, NFTA_BITWISE_SREG,
     NFTA_BITWISE_XOR, NFTA_CMP_DATA, NFTA_CMP_OP, NFTA_CMP_SREG, NFTA_COUNTER_BYTES, NFTA_COUNTER_PACKETS,
@@ -68,8 +68,9 @@ _META = {NFT_META_L4PROTO: ({"meta": {"key": "l4proto"}}, 1, (TYPE_INET_PROTOCOL
          NFT_META_IIFNAME: ({"meta": {"key": "iifname"}}, 16, (TYPE_IFNAME,)),
          NFT_META_OIFNAME: ({"meta": {"key": "oifname"}}, 16, (TYPE_IFNAME,))}
 _META_SETTABLE = {NFT_META_MARK}  # meta mark set
-_CT_KEYS = {NFT_CT_SRC_IP: "ip saddr", NFT_CT_DST_IP: "ip daddr"}
+_CT_KEYS = {NFT_CT_SRC_IP: "ip saddr", NFT_CT_DST_IP: "ip daddr"}  # of one direction: `ct original ip daddr`
 _CT_DIRS = {0: "original", 1: "reply"}  # IP_CT_DIR_ORIGINAL, IP_CT_DIR_REPLY
+_CT_MARK = {"ct": {"key": "mark"}}  # the connection's own (no direction): `ct mark`, `ct mark set ...`
 _MARK_MASK = 0xFFFFFFFF
 _CMP_OPS = {0: "==", 1: "!=", 2: "<", 3: "<=", 4: ">", 5: ">="}  # enum nft_cmp_ops: NFT_CMP_EQ..NFT_CMP_GTE
 _NG_TYPES = {0: "inc", 1: "random"}  # enum nft_ng_types: NFT_NG_INCREMENTAL, NFT_NG_RANDOM
@@ -225,9 +226,18 @@ class _Rule:
         self.load(nl.get_be32(a[NFTA_BITWISE_DREG]), _Operand(json, 4, (TYPE_MARK,), "load"))
 
     def ct(self, a: Attrs) -> None:
+        key = nl.get_be32(a[NFTA_CT_KEY])
+        if key == NFT_CT_MARK and NFTA_CT_DIRECTION not in a:
+            if NFTA_CT_SREG in a:  # `ct mark set <value>`
+                value = self.take(nl.get_be32(a[NFTA_CT_SREG]), 4)
+                self.stmts.append({"mangle": {"key": _CT_MARK, "value": self.key_json(value)}})
+            elif NFTA_CT_DREG in a:
+                self.load(nl.get_be32(a[NFTA_CT_DREG]), _Operand(_CT_MARK, 4, (TYPE_MARK,), "load"))
+            else:
+                raise _Opaque("ct mark without a register")
+            return
         if NFTA_CT_SREG in a or NFTA_CT_DREG not in a:
             raise _Opaque("ct set")
-        key = nl.get_be32(a[NFTA_CT_KEY])
         direction = a[NFTA_CT_DIRECTION][0] if NFTA_CT_DIRECTION in a else None  # a u8
         name = _CT_KEYS.get(key)
         if name is None or direction not in _CT_DIRS:
@@ -369,6 +379,13 @@ class _Rule:
             return
         raise _Opaque("nat form")
 
+    def masq(self, a: Attrs) -> None:
+        """`masquerade` (to the outgoing interface's address), with `fully-random` or none."""
+        flags = nl.get_be32(a[NFTA_MASQ_FLAGS]) if NFTA_MASQ_FLAGS in a else 0
+        if NFTA_MASQ_REG_PROTO_MIN in a or flags & ~NF_NAT_RANGE_PROTO_RANDOM_FULLY:
+            raise _Opaque("masquerade with ports or flags beyond fully-random")
+        self.stmts.append({"masquerade": {"flags": ["fully-random"]} if flags else None})
+
     def dynset(self, a: Attrs) -> None:
         op = _DYNSET_OPS.get(nl.get_be32(a[NFTA_DYNSET_OP]))
         name = nl.get_str(a[NFTA_DYNSET_SET_NAME])
@@ -398,7 +415,7 @@ _EXPRESSIONS: dict[str, Callable[[_Rule, Attrs], None]] = {
     "payload": _Rule.payload, "meta": _Rule.meta, "bitwise": _Rule.bitwise, "ct": _Rule.ct,
     "numgen": _Rule.numgen, "hash": _Rule.hash, "immediate": _Rule.immediate, "cmp": _Rule.cmp,
     "lookup": _Rule.lookup,
-    "nat": _Rule.nat, "dynset": _Rule.dynset, "counter": _Rule.counter,
+    "nat": _Rule.nat, "masq": _Rule.masq, "dynset": _Rule.dynset, "counter": _Rule.counter,
 }
 
 

@@ -94,10 +94,11 @@ class Health:
             return False, {"status": "not ready", "reason": "no full sync yet"}
         return True, {"status": "ok"}
 
-    def answer(self, capabilities: Any, checks: Callable[[], dict[str, Any]] | None = None
-               ) -> Callable[[str], tuple[bool, dict[str, Any]]]:
+    def answer(self, capabilities: Any, checks: Callable[[], dict[str, Any]] | None = None,
+               dataplane: dict[str, Any] | None = None) -> Callable[[str], tuple[bool, dict[str, Any]]]:
         """Answers for the status socket (agent/ops/status.py): ready, live, status, memory;
-        `checks`: the backends' health (agent/run/checks.py's snapshot), in the status."""
+        `checks`: the backends' health (agent/run/checks.py's snapshot), in the status;
+        `dataplane`: the settings that shape the table (masquerade...), for `diff` and `show`."""
         def answer(query: str) -> tuple[bool, dict[str, Any]]:
             if query == "ready":
                 return self.readyz()
@@ -109,7 +110,8 @@ class Health:
             return ready, {"ready": ready, "live": self.livez()[0], "healthy": self.healthz()[0], "pid": os.getpid(),
                            "reason": why.get("reason"), "problems": list(self.problems),
                            "capabilities": capabilities.as_dict(), "lastError": self.last_error,
-                           "memory": memory.resident(), **({"health": checks()} if checks else {})}
+                           "memory": memory.resident(), **({"health": checks()} if checks else {}),
+                           **({"dataplane": dataplane} if dataplane is not None else {})}
         return answer
 
 

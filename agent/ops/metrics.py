@@ -72,6 +72,10 @@ class Metrics:
             "natgw_health_interval_stretch",
             "Factor by which the checks' intervals are stretched to keep their CPU budget (1: as configured).",
             registry=r)
+        self.masquerade = Gauge(
+            "natgw_masquerade",
+            "1 when the agent's connections leave the VPC interface SNATed to this replica's address (--masquerade).",
+            registry=r)
         self.cleanup_failures = Counter("natgw_cleanup_failures_total",
                                         "Cleanup passes that failed and wait for a retry, by kind (conntrack, affinity).",
                                         ["kind"], registry=r)

@@ -9,12 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from agent.kernel.nfnetlink import NetlinkError
+from agent.kernel.nftread import TableState
 from agent.kernel.view import KernelView
 from agent.core.consistent import bucket, choose
-from agent.core.layout import (CHASH, affinity_set, backend_counters, goto_target, identity_key, parse_target,
-                               pinned_clients, served, slots_of, sticky_slot)
+from agent.core.layout import (CHASH, SNAT_CHAIN, affinity_set, backend_counters, goto_target, identity_key,
+                               parse_target, pinned_clients, served, slots_of, sticky_slot)
 from agent.core.model import Backend, Identity
-from agent.core.ruleset import Elem, ElemKey
+from agent.core.ruleset import Elem, ElemKey, Ruleset
 from agent.ops.status import agent_status, query
 
 
@@ -22,11 +23,13 @@ def show(table: str, only: str | None, as_json: bool, sock: Path, client: str | 
     """`natgw-agent show`: the kernel's table read back, with the running agent's status
     (asked at `sock`) when one answers."""
     try:
-        found = inspect(KernelView("ip", table, subscribe=False), only, client)
+        state = KernelView("ip", table, subscribe=False).read_state()
     except (NetlinkError, OSError) as err:
         print(f"natgw-agent: cannot read the table: {err}", file=sys.stderr)
         return 1
-    sys.stdout.write(format_show(found, as_json, agent_status(sock)))
+    found = inspect(state, only, client) if state is not None else None
+    snat = masquerading(state.ruleset()) if state is not None else None
+    sys.stdout.write(format_show(found, as_json, agent_status(sock), snat))
     return 0
 
 
@@ -40,14 +43,11 @@ def show_memory(sock: Path) -> int:
     return 0
 
 
-def inspect(view: KernelView, only: str | None = None, client: str | None = None) -> list[dict[str, Any]] | None:
+def inspect(state: TableState, only: str | None = None, client: str | None = None) -> list[dict[str, Any]]:
     """Every identity the kernel serves (or the one named `only`, as EIP:PORT/PROTO), with
-    its backends, their slots, counters and pinned clients; None if there is no table.
-    With `client` (an address), where that client's next connection would go. One read of
-    the table over netlink (elements, counters and affinity entries)."""
-    state = view.read_state()
-    if state is None:
-        return None
+    its backends, their slots, counters and pinned clients, from one read of the table over
+    netlink (elements, counters and affinity entries). With `client` (an address), where
+    that client's next connection would go."""
     ruleset = state.ruleset()
     counters = backend_counters(state.elements, state.counters)
     pinned = pinned_clients({name: [key for key, _ in entries] for name, entries in state.entries.items()})
@@ -104,14 +104,31 @@ def reach(client: str, identity: Identity, affinity: bool, held: dict[Backend, i
     return {**answer, "backend": str(backend) if backend else None, "how": how, "expected": expected}
 
 
-def format_show(found: list[dict[str, Any]] | None, as_json: bool = False, agent: dict[str, Any] | None = None) -> str:
-    """`agent`: the running agent's status (its capabilities and problems), if one answered."""
+def masquerading(ruleset: Ruleset) -> str | None:
+    """The interface the table masquerades the agent's connections on (--masquerade), as
+    the kernel holds it; None if it does not."""
+    for rule in ruleset.rules.get(SNAT_CHAIN, ()):
+        exprs = rule.get("expr", [])
+        if exprs and "masquerade" in exprs[-1]:
+            return next((m["match"]["right"] for m in exprs if m.get("match", {}).get("left") == _OIFNAME), "?")
+    return None
+
+
+_OIFNAME = {"meta": {"key": "oifname"}}
+
+
+def format_show(found: list[dict[str, Any]] | None, as_json: bool = False, agent: dict[str, Any] | None = None,
+                masquerade: str | None = None) -> str:
+    """`agent`: the running agent's status (its capabilities and problems), if one answered;
+    `masquerade`: the interface the kernel's table masquerades on (masquerading())."""
     if as_json:
-        return json.dumps({"identities": found, "agent": agent}, indent=2) + "\n"
+        return json.dumps({"identities": found, "masquerade": masquerade, "agent": agent}, indent=2) + "\n"
     head = _agent_lines(agent)
     checks = _health_by_backend(agent)
     if found is None:
         return head + "no natgw table: the agent has programmed nothing in this namespace\n"
+    head += (f"masquerade: on: connections leave {masquerade} from this replica's address (backends see it, "
+             "not the client's)\n\n" if masquerade else "masquerade: off: backends see the client's address\n\n")
     blocks: list[str] = []
     for ident in found:
         if ident["affinity"] is None:

@@ -21,7 +21,7 @@ from agent.run.checks import HealthChecks
 from agent.run.cleanup import Cleanup, FlowTable, SetReader
 from agent.run.crdcheck import CrdCheck, reader as crd_reader
 from agent.run.loop import Source, StopEvent, run_loop
-from agent.run.planner import FAMILY, Planner, check_settings
+from agent.run.planner import CHECK_SETTINGS, FAMILY, TABLE_SETTINGS, Planner, reported
 from agent.run.reconcile import Reconciler, View
 from agent.settings import Settings
 
@@ -98,7 +98,8 @@ def run(settings: Settings) -> int:
         signal.signal(sig, lambda *_: stop.set())
     # The nftables it runs on comes with the capabilities it probes (their log line).
     log.info("starting", gateway=settings.gateway, table=settings.table,
-             source=str(settings.from_dir) if settings.from_dir else "kubernetes", python=platform.python_version())
+             source=str(settings.from_dir) if settings.from_dir else "kubernetes", python=platform.python_version(),
+             masquerade=settings.vpc_interface if settings.masquerade else False)
     events = None
     if api is not None:
         from agent.sources.events import EventRecorder
@@ -107,16 +108,18 @@ def run(settings: Settings) -> int:
     health = Health(settings.healthz_stale_after, settings.livez_wedged_after,
                     programmed=settings.state_dir / PROGRAMMED)
     metrics = Metrics()
+    metrics.masquerade.set(1 if settings.masquerade else 0)
     # Counters through a read-only view of their own (its own socket: another thread).
     metrics.serve_backend_counters(KernelView(FAMILY, settings.table, subscribe=False).counters)
     reconciler = connected(settings, Reporter(events, settings.gateway))
     checks = health_checks(settings)
-    checked_as = check_settings(settings)  # in the status too: `diff` plans with them
+    checked_as = reported(settings, CHECK_SETTINGS)  # in the status too: `diff` plans with them
     if api is not None:
         check_crd(api, health, events, settings)
     try:
         status: StatusServer | None = StatusServer(settings.state_dir / "agent.sock", health.answer(
-            reconciler.caps, lambda: {**checks.snapshot(), "settings": checked_as}))
+            reconciler.caps, lambda: {**checks.snapshot(), "settings": checked_as},
+            reported(settings, TABLE_SETTINGS)))
     except OSError as err:  # `natgw-agent health` will say so; the data plane is programmed all the same
         log.error("status socket unavailable", path=str(settings.state_dir / "agent.sock"), error=str(err))
         status = None

@@ -25,7 +25,7 @@ from agent.ops.report import Reporter
 from agent.ops.status import agent_status
 from agent.run.daemon import source_of
 from agent.run.loop import Source
-from agent.run.planner import FAMILY, Planner, with_check_settings
+from agent.run.planner import CHECK_SETTINGS, FAMILY, TABLE_SETTINGS, Planner, with_reported
 from agent.settings import Settings
 
 KUBE_WAIT = 30.0  # seconds for the API's first list; a directory is read at once
@@ -56,7 +56,8 @@ def diff(settings: Settings, state_dir: Path) -> int:
         caps = _diff_capabilities(running, state_dir, settings.table)
         health = (running or {}).get("health") or {}
         down = load(health.get("down") or [], Backend)
-        settings = with_check_settings(settings, health.get("settings") or {})
+        settings = with_reported(settings, health.get("settings") or {}, CHECK_SETTINGS)
+        settings = with_reported(settings, (running or {}).get("dataplane") or {}, TABLE_SETTINGS)
     except (RuntimeError, ValueError) as err:
         print(f"natgw-agent diff: {err}", file=sys.stderr)
         return 1
@@ -64,8 +65,9 @@ def diff(settings: Settings, state_dir: Path) -> int:
     if catalog is None:
         return 1
     # Against the kernel, with the kernel's slots, the probed capabilities (one JSON
-    # transaction on nft >= 1.1) and the backends the running agent's checks have down
-    # (checked as its settings say): exactly what a sync would send now.
+    # transaction on nft >= 1.1), the running agent's table settings (masquerade...) and
+    # the backends its checks have down (checked as its settings say): exactly what a
+    # sync would send now.
     kernel = KernelView(FAMILY, settings.table, subscribe=False).read()
     planner = Planner(settings, caps)
     planner.set_down(frozenset(down))

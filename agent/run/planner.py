@@ -14,7 +14,7 @@ from agent.core.health import DEFAULT, Check, Target, usable
 from agent.core.layout import CONSISTENT_CHAIN
 from agent.core.model import Backend, Identity
 from agent.core.plan import Plan, chunked, plan
-from agent.core.render import NO_BLOCKS, Change, Renderer, hairpin_of
+from agent.core.render import NO_BLOCKS, Change, Renderer, snat_of
 from agent.core.ruleset import Ruleset
 from agent.kernel.caps import Capabilities
 from agent.ops.report import Reporter
@@ -49,7 +49,7 @@ class Planner:
         self._hashes: dict[Identity, int] = {}
         self._sum = 0
         self.digest = 0
-        self.renderer = Renderer(settings.affinity_set_size, settings.priority, hairpin_of(settings),
+        self.renderer = Renderer(settings.affinity_set_size, settings.priority, snat_of(settings),
                                  settings.consistent_choice)
 
     def backends(self, identity: Identity) -> tuple[Backend, ...] | None:
@@ -193,21 +193,24 @@ class Planner:
 
 
 CHECK_SETTINGS = ("health_checks", "health_interval", "health_timeout", "health_rise", "health_fall")
+# What shapes the table beside the rules (render.snat_of, the consistent choice).
+TABLE_SETTINGS = ("hairpin_snat", "vpc_interface", "hairpin_mark", "masquerade", "masquerade_mark",
+                  "consistent_choice")
 
 
-def check_settings(settings: Settings) -> dict[str, bool | float | int]:
-    """What default_check() is made of, for the status socket: `diff` plans with the
-    running agent's, so a backend its checks took out matches whatever flags diff got."""
-    return {name: getattr(settings, name) for name in CHECK_SETTINGS}
+def reported(settings: Settings, names: Collection[str]) -> dict[str, bool | float | int | str]:
+    """These settings, for the status socket: `diff` plans with the running agent's, so a
+    backend its checks took out, or its masquerade, matches whatever flags diff got."""
+    return {name: getattr(settings, name) for name in names}
 
 
-def with_check_settings(settings: Settings, found: Mapping[str, object]) -> Settings:
-    """`settings` with check_settings() as a running agent reported them (ValueError if malformed)."""
+def with_reported(settings: Settings, found: Mapping[str, object], names: Collection[str]) -> Settings:
+    """`settings` with reported() ones as a running agent gave them (ValueError if malformed)."""
     try:
         return replace(settings, **{name: type(getattr(settings, name))(found[name])  # type: ignore[call-arg]
-                                    for name in CHECK_SETTINGS if name in found})
+                                    for name in names if name in found})
     except (TypeError, ValueError) as err:
-        raise ValueError(f"not the agent's check settings: {err}") from None
+        raise ValueError(f"not the agent's settings: {err}") from None
 
 
 def default_check(settings: Settings) -> Check | None:
