@@ -87,10 +87,12 @@ def github_anchor(heading: str) -> str:
 
 def test_the_prometheusrule_is_the_rules_file() -> None:
     sys.path.insert(0, str(MONITORING))
+    sys.dont_write_bytecode, before = True, sys.dont_write_bytecode  # no __pycache__ among the manifests
     try:
         from make_prometheusrule import render
     finally:
         sys.path.remove(str(MONITORING))
+        sys.dont_write_bytecode = before
     shipped = (MONITORING / "prometheusrule.yaml").read_text()
     assert shipped == render(RULES.read_text()), "run images/kubernetes/monitoring/make_prometheusrule.py"
     doc = yaml.safe_load(shipped)
