@@ -3,7 +3,12 @@ SHELL := /bin/bash
 # Overridable: inside the Debian 13 root the suite needs a virtualenv of that root's Python.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-APT_PACKAGES := nftables python3-nftables python3-venv conntrack iproute2 iptables systemd util-linux openssl
+APT_PACKAGES := nftables python3-nftables python3-venv conntrack iproute2 iptables systemd util-linux openssl prometheus
+# Debian's prometheus (the monitoring tests' server and promtool) is a daemon its package
+# starts on 0.0.0.0:9090 (systemd or its init script, in a root too) and enables at boot,
+# and it recommends node-exporter (another listener): installed without recommends, under a
+# policy-rc.d that forbids starting services (when the system has none of its own), and
+# disabled, so nothing the tests install listens on the machine's network.
 STAMP := $(VENV)/.installed
 
 # The Debian roots the suite also runs in: Debian 13 (trixie: nftables 1.1.3, Python 3.13)
@@ -24,7 +29,11 @@ $(STAMP): pyproject.toml Makefile
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 		echo "installing Debian packages: $$missing"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+		policy=/usr/sbin/policy-rc.d; own=; \
+		if [ ! -e $$policy ]; then printf '#!/bin/sh\nexit 101\n' >$$policy && chmod 755 $$policy && own=1; fi; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+		rc=$$?; if [ -n "$$own" ]; then rm -f $$policy; fi; [ $$rc = 0 ] || exit $$rc; \
+		if [ -e /lib/systemd/system/prometheus.service ]; then systemctl disable prometheus >/dev/null 2>&1 || true; fi; \
 	fi
 	test -x $(PY) || /usr/bin/python3 -m venv --system-site-packages $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'

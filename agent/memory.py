@@ -100,6 +100,18 @@ def resident(fields: tuple[str, ...] = ("VmRSS", "VmHWM")) -> dict[str, int | No
     return {names[f]: int(status[f].split()[0]) if f in status else None for f in fields}
 
 
+def limit(cgroups: Path = Path("/sys/fs/cgroup"), own: Path = Path("/proc/self/cgroup")) -> float:
+    """The memory limit of this process's cgroup (cgroup v2 `memory.max`: a container's
+    limit, a systemd unit's MemoryMax), in bytes; +Inf when there is none or it cannot be
+    read (cgroup v1, no memory controller)."""
+    try:
+        path = next(line[3:] for line in own.read_text().splitlines() if line.startswith("0::"))
+        value = (cgroups / path.lstrip("/") / "memory.max").read_text().strip()
+    except (OSError, StopIteration):
+        return float("inf")
+    return float("inf") if value == "max" else float(value)
+
+
 def _short(filename: str) -> str:
     """A module's path from its package (site-packages/kubernetes/... -> kubernetes/...)."""
     parts = Path(filename).parts

@@ -119,6 +119,8 @@ def serve(health: Health, address: str, metrics: Any = None) -> BoundedServer:
     """Serve the endpoints (and /metrics, given the Metrics) on host:port from a daemon
     thread, four requests at a time at most, five seconds each; returns the server."""
     routes = {"/healthz": health.healthz, "/livez": health.livez, "/readyz": health.readyz}
+    if metrics is not None:
+        metrics.follow(health)
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)

@@ -12,10 +12,11 @@ from typing import Any, Callable, Iterable
 
 import structlog
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from agent import memory
 from agent.errors import RuleError
 
 log = structlog.get_logger()
@@ -75,6 +76,26 @@ class Metrics:
             "natgw_masquerade",
             "1 when the agent's connections leave the VPC interface SNATed to this replica's address (--masquerade).",
             registry=r)
+        self.cleanup_failures = Counter("natgw_cleanup_failures_total",
+                                        "Cleanup passes that failed and wait for a retry, by kind (conntrack, affinity).",
+                                        ["kind"], registry=r)
+        for kind in ("conntrack", "affinity"):  # at 0 from the start: a first failure is an increase
+            self.cleanup_failures.labels(kind)
+        self.table_digest = Gauge(
+            "natgw_table_digest",
+            "A digest of what every identity is served by now (backends after the checks, affinity): the input "
+            "each replica computes its consistent table from; the replicas of one gateway agree on it.",
+            ["gateway"], registry=r)
+        # Readiness and health as /readyz and /healthz answer them, read at the scrape (follow()).
+        self.ready = Gauge("natgw_ready", "1 once the first full sync is in the kernel and nothing keeps the agent "
+                           "from serving (/readyz).", registry=r)
+        self.healthy = Gauge("natgw_healthy", "1 while no change has waited too long for the kernel (/healthz).",
+                             registry=r)
+        # The memory an operator compares with the container's limit: the agent's own
+        # (process_resident_memory_bytes) and the limit of its cgroup (+Inf: none).
+        ProcessCollector(registry=r)
+        Gauge("natgw_memory_limit_bytes", "The memory limit of the agent's cgroup (memory.max; +Inf: none).",
+              registry=r).set_function(memory.limit)
         self._fields: set[str] = set()
         self._watch_seen: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -100,6 +121,11 @@ class Metrics:
         else:
             self.backend_down.labels(backend, check).set(1)
 
+    def follow(self, health: Any) -> None:
+        """Readiness and health from `health` (agent/ops/health.py's Health) at each scrape."""
+        self.ready.set_function(lambda: float(health.readyz()[0]))
+        self.healthy.set_function(lambda: float(health.healthz()[0]))
+
     def health_targets(self, stretch: float, up: int, down: int) -> None:
         self.health_stretch.set(stretch)
         self.health_checked.labels("up").set(up)
@@ -110,6 +136,10 @@ class Metrics:
         self.cleanup_duration.labels(kind).observe(seconds)
         if kind == "conntrack" and deleted:
             self.conntrack_deleted.inc(deleted)
+
+    def cleanup_failed(self, kind: str) -> None:
+        """A cleanup pass failed and is retried later (agent/run/cleanup.py; any thread)."""
+        self.cleanup_failures.labels(kind).inc()
 
     def watch_counts(self, restarts: int, relists: int) -> None:
         """Bring the watch counters up to a source's running totals."""

@@ -81,6 +81,7 @@ class Cleanup:
         self.slice_size = slice_size
         self.wake = wake
         self.report = report
+        self.failed: Callable[[str], None] = lambda kind: None  # a pass that failed, by kind (metrics)
         self.retry = retry
         self._lock = threading.Condition()
         self._check: set[Identity] = set()  # identities whose flows to compare with their backends
@@ -182,12 +183,14 @@ class Cleanup:
             except Exception as err:  # OSError: the kernel; anything else: a bug, which must not end the cleanup
                 log.warning("conntrack cleanup failed; will retry", error=f"{type(err).__name__}: {err}",
                             identities=len(check) + len(gone), exc_info=not isinstance(err, OSError))
+                self.failed("conntrack")
                 self._keep(check=check, gone=gone)
         if stale_sets:
             try:
                 self._affinity(stale_sets)
             except Exception:
                 log.exception("affinity cleanup failed; will retry")
+                self.failed("affinity")
                 self._keep(stale=stale_sets)
 
     def _keep(self, check: Iterable[Identity] = (), gone: Iterable[Identity] = (),
@@ -237,6 +240,7 @@ class Cleanup:
                 keys = [k for k in reader.entries(affinity_set(slot)) if tuple(k[1:]) in identities]
             except OSError as err:
                 log.warning("reading an affinity set failed; will retry", set=affinity_set(slot), error=str(err))
+                self.failed("affinity")
                 self._keep(stale={slot: identities})
                 continue
             found += len(keys)

@@ -224,7 +224,7 @@ class Loop:
         if source_fd is not None:
             selector.register(source_fd, selectors.EVENT_READ, "source")
         cleanup = self.reconciler.cleanup
-        cleanup.wake, cleanup.report = self.waker.wake, self.metrics.cleaned
+        cleanup.wake, cleanup.report, cleanup.failed = self.waker.wake, self.metrics.cleaned, self.metrics.cleanup_failed
         self.health.poke = self.waker.wake
         cleanup.start()
         if self.checks is not None:
@@ -372,6 +372,7 @@ class Loop:
             self.health.synced()
             _record(self.metrics, self.reconciler, result, self.clock() - started,
                     time.time() - self.schedule.queued_at)
+            self.metrics.table_digest.labels(self.settings.gateway).set(result.digest)
             # After the change is in the kernel and timed: ~10 ms at 40,000 targets.
             if self.checks is not None and (targets := self.reconciler.take_targets()) is not None:
                 self.checks.follow(targets)

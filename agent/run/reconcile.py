@@ -57,6 +57,7 @@ class SyncResult:
     identities: int
     backends: int
     invalid: int
+    digest: int = 0  # the planner's digest of what serves each identity (natgw_table_digest)
 
 
 class Reconciler:
@@ -131,6 +132,7 @@ class Reconciler:
             identities=len(self.state.services),
             backends=self.state.backends,
             invalid=len(self.state.errors),
+            digest=self.planner.digest,
         )
 
     def _commit(self, change: Change) -> None:
