@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 APT_PACKAGES := nftables python3-nftables python3-venv conntrack iproute2 iptables systemd util-linux openssl prometheus
 # Debian's prometheus (the monitoring tests' server and promtool) is a daemon its package
 # starts on 0.0.0.0:9090 (systemd or its init script, in a root too) and enables at boot,
-# and it recommends node-exporter (another listener): installed without recommends, under a
+# and it recommends node-exporter (another listener): installed without recommends (the
+# other packages with theirs, as before), under a
 # policy-rc.d that forbids starting services (when the system has none of its own), and
 # disabled, so nothing the tests install listens on the machine's network.
 STAMP := $(VENV)/.installed
@@ -31,7 +32,10 @@ $(STAMP): pyproject.toml Makefile
 		echo "installing Debian packages: $$missing"; \
 		policy=/usr/sbin/policy-rc.d; own=; \
 		if [ ! -e $$policy ]; then printf '#!/bin/sh\nexit 101\n' >$$policy && chmod 755 $$policy && own=1; fi; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+		all=" $$(echo $$missing) "; quiet=; rest=$${all/ prometheus / }; [ "$$rest" = "$$all" ] || quiet=prometheus; \
+		apt-get update -qq && \
+		{ [ -z "$${rest// /}" ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$rest; } && \
+		{ [ -z "$$quiet" ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$quiet; }; \
 		rc=$$?; if [ -n "$$own" ]; then rm -f $$policy; fi; [ $$rc = 0 ] || exit $$rc; \
 		if [ -e /lib/systemd/system/prometheus.service ]; then systemctl disable prometheus >/dev/null 2>&1 || true; fi; \
 	fi
