@@ -6,7 +6,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from agent.kernel.nfnetlink import NetlinkError
 from agent.kernel.nftread import TableState
@@ -15,7 +15,7 @@ from agent.core.consistent import bucket, choose
 from agent.core.layout import (CHASH, SNAT_CHAIN, affinity_set, backend_counters, goto_target, identity_key,
                                parse_target, pinned_clients, served, slots_of, sticky_slot)
 from agent.core.model import Backend, Identity
-from agent.core.ruleset import Elem, ElemKey, Ruleset
+from agent.core.ruleset import Elem, ElemKey
 from agent.ops.status import agent_status, query
 
 
@@ -28,7 +28,7 @@ def show(table: str, only: str | None, as_json: bool, sock: Path, client: str | 
         print(f"natgw-agent: cannot read the table: {err}", file=sys.stderr)
         return 1
     found = inspect(state, only, client) if state is not None else None
-    snat = masquerading(state.ruleset()) if state is not None else None
+    snat = masquerading(state.rules) if state is not None else None
     sys.stdout.write(format_show(found, as_json, agent_status(sock), snat))
     return 0
 
@@ -104,10 +104,11 @@ def reach(client: str, identity: Identity, affinity: bool, held: dict[Backend, i
     return {**answer, "backend": str(backend) if backend else None, "how": how, "expected": expected}
 
 
-def masquerading(ruleset: Ruleset) -> str | None:
+def masquerading(rules: Mapping[str, tuple[dict[str, Any], ...]]) -> str | None:
     """The interface the table masquerades the agent's connections on (--masquerade), as
-    the kernel holds it; None if it does not."""
-    for rule in ruleset.rules.get(SNAT_CHAIN, ()):
+    the kernel holds it (its rules by chain); None if it does not. The rules alone, not
+    state.ruleset(): inspect() builds that once, and it folds every bucket element."""
+    for rule in rules.get(SNAT_CHAIN, ()):
         exprs = rule.get("expr", [])
         if exprs and "masquerade" in exprs[-1]:
             return next((m["match"]["right"] for m in exprs if m.get("match", {}).get("left") == _OIFNAME), "?")
