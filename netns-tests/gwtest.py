@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -278,3 +279,13 @@ class Neighbour:
     def __exit__(self, *_: Any) -> None:
         out, _ = self.proc.communicate(timeout=10)  # closes stdin: it ends
         self.result = json.loads(out.strip().splitlines()[-1])
+
+
+def reply_destinations(lab: Lab, proto: str, client: str | None, port: int) -> set[str]:
+    """Where the backends' answers of flows to EIP:port go (from the client, or from any
+    client: None), as the gateway's conntrack holds them: the EIP or the gateway's own
+    address when the flow was SNATed, the client's address when it was not."""
+    source = ["--orig-src", client] if client else []
+    out = lab.run_in(lab.gw_ns, ["conntrack", "-L", "-p", proto, *source, "--orig-dst", EIP, "--dport", str(port)],
+                     check=True).stdout
+    return {re.findall(r"dst=(\S+)", line)[1] for line in out.splitlines() if "dst=" in line}

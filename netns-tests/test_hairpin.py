@@ -8,7 +8,6 @@ SNATed once beside kube-ovn's hairpin rule."""
 from __future__ import annotations
 
 import json
-import re
 import signal
 import sys
 import time
@@ -17,7 +16,8 @@ from typing import Iterator
 
 import pytest
 
-from gwtest import APP, BACKENDS, CLIENTS, DNS, EIP, ROOT, WEB, Agent, program, run_agent, wait_for
+from gwtest import (APP, BACKENDS, CLIENTS, DNS, EIP, ROOT, WEB, Agent, program, reply_destinations, run_agent,
+                    wait_for)
 from lab.topology import GW_BACKEND_IP, Lab
 
 VPC_CLIENTS = [f"10.0.1.{i}" for i in range(51, 61)]
@@ -57,14 +57,6 @@ def kube_ovn_hairpin(lab: Lab, eip: str = EIP) -> None:
 def kube_ovn_snat_packets(lab: Lab) -> int:
     out = lab.run_in(lab.gw_ns, ["iptables", "-t", "nat", "-L", "POSTROUTING", "-v", "-n", "-x"], check=True).stdout
     return sum(int(line.split()[0]) for line in out.splitlines() if "SNAT" in line)
-
-
-def reply_destinations(lab: Lab, proto: str, client: str, port: int) -> set[str]:
-    """Where the backends' answers of the client's flows to EIP:port go: the EIP when the
-    flow was SNATed, the client's own address when it was not."""
-    out = lab.run_in(lab.gw_ns, ["conntrack", "-L", "-p", proto, "--orig-src", client, "--orig-dst", EIP,
-                                 "--dport", str(port)]).stdout
-    return {re.findall(r"dst=(\S+)", line)[1] for line in out.splitlines() if "dst=" in line}
 
 
 def served_from_the_vpc(lab: Lab, source: str = EIP) -> None:

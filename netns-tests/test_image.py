@@ -9,7 +9,6 @@ Run on the host only (`make test-image`): the Debian roots' runs ignore this fil
 from __future__ import annotations
 
 import json
-import re
 import signal
 import socket
 import subprocess
@@ -26,7 +25,7 @@ from packaging.requirements import Requirement
 from pyroute2.netns import create_socket
 
 from agent.deploy.inject import GATEWAY_ANNOTATION, STATE_VOLUME, TOKEN_VOLUME, Options
-from gwtest import APP, BACKENDS, CLIENTS, EIP, GATEWAY, ROOT, WEB, eip_doc, wait_for
+from gwtest import APP, BACKENDS, CLIENTS, EIP, GATEWAY, ROOT, WEB, eip_doc, reply_destinations, wait_for
 from lab.topology import GW_BACKEND_IP, Lab
 from podman import SANDBOX, Container, image_under_test, podman, remove_built
 from tests.kubefake import FakeKube
@@ -239,10 +238,7 @@ def test_the_ha_form_masquerades_as_the_injector_says(lab: Lab, image: str, api:
         assert 'oifname "eth0" ct mark & 0x00004000 == 0x00004000 masquerade fully-random' in running.ruleset()
         assert [e["masquerade"] for e in container.logs() if e.get("event") == "starting"] == ["eth0"]
         assert lab.tcp_connect(EIP, 80, 10)["failed"] == 0
-        out = lab.run_in(lab.gw_ns, ["conntrack", "-L", "-p", "tcp", "--orig-dst", EIP, "--dport", "80"],
-                         capture_output=True, text=True, check=True).stdout
-        answered_to = {re.findall(r"dst=(\S+)", line)[1] for line in out.splitlines() if "dst=" in line}
-        assert answered_to == {GW_BACKEND_IP}, out
+        assert reply_destinations(lab, "tcp", None, 80) == {GW_BACKEND_IP}
     finally:
         running.remove_all()
 
